@@ -1,0 +1,2 @@
+//! kvcache (filled by its issue).
+#![warn(missing_docs)]

@@ -1,0 +1,344 @@
+// Implementation of the bridge declared in shim.h. Kept free of logic: each
+// function converts arguments, calls MLX, and wraps the result.
+#include "mlx-tensor/cpp/shim.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace mtp_mlx {
+
+namespace {
+
+mx::Dtype to_dtype(uint8_t code) {
+  switch (code) {
+    case 0: return mx::bool_;
+    case 1: return mx::uint8;
+    case 2: return mx::uint16;
+    case 3: return mx::uint32;
+    case 4: return mx::uint64;
+    case 5: return mx::int8;
+    case 6: return mx::int16;
+    case 7: return mx::int32;
+    case 8: return mx::int64;
+    case 9: return mx::float16;
+    case 10: return mx::float32;
+    case 11: return mx::bfloat16;
+    case 12: return mx::float64;
+    default: throw std::invalid_argument("unknown dtype code " + std::to_string(code));
+  }
+}
+
+uint8_t from_dtype(mx::Dtype d) {
+  switch (d.val()) {
+    case mx::Dtype::Val::bool_: return 0;
+    case mx::Dtype::Val::uint8: return 1;
+    case mx::Dtype::Val::uint16: return 2;
+    case mx::Dtype::Val::uint32: return 3;
+    case mx::Dtype::Val::uint64: return 4;
+    case mx::Dtype::Val::int8: return 5;
+    case mx::Dtype::Val::int16: return 6;
+    case mx::Dtype::Val::int32: return 7;
+    case mx::Dtype::Val::int64: return 8;
+    case mx::Dtype::Val::float16: return 9;
+    case mx::Dtype::Val::float32: return 10;
+    case mx::Dtype::Val::bfloat16: return 11;
+    case mx::Dtype::Val::float64: return 12;
+    default: return 255;
+  }
+}
+
+mx::Shape to_shape(rust::Slice<const int32_t> s) { return mx::Shape(s.begin(), s.end()); }
+std::vector<int> to_ints(rust::Slice<const int32_t> s) { return std::vector<int>(s.begin(), s.end()); }
+ArrPtr wrap(mx::array a) { return std::make_unique<Arr>(std::move(a)); }
+
+}  // namespace
+
+ArrPtr from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape, uint8_t dtype) {
+  auto dt = to_dtype(dtype);
+  auto sh = to_shape(shape);
+  size_t n = 1;
+  for (auto d : sh) {
+    if (d < 0) throw std::invalid_argument("negative dimension in shape");
+    n *= static_cast<size_t>(d);
+  }
+  size_t want = n * dt.size();
+  if (want != data.size()) {
+    throw std::invalid_argument("data has " + std::to_string(data.size()) + " bytes but the shape needs " +
+                                std::to_string(want));
+  }
+  void* buf = std::malloc(want == 0 ? 1 : want);
+  if (buf == nullptr) throw std::bad_alloc();
+  if (want > 0) std::memcpy(buf, data.data(), want);
+  return wrap(mx::array(buf, std::move(sh), dt, [](void* p) { std::free(p); }));
+}
+
+ArrPtr scalar_f32(float v, uint8_t dtype) { return wrap(mx::array(v, to_dtype(dtype))); }
+ArrPtr scalar_i64(int64_t v, uint8_t dtype) { return wrap(mx::astype(mx::array(v, mx::int64), to_dtype(dtype))); }
+ArrPtr clone_arr(const Arr& a) { return wrap(a.a); }
+uint8_t dtype_of(const Arr& a) { return from_dtype(a.a.dtype()); }
+rust::Vec<int32_t> shape_of(const Arr& a) {
+  rust::Vec<int32_t> out;
+  for (auto d : a.a.shape()) out.push_back(d);
+  return out;
+}
+size_t nbytes_of(const Arr& a) { return a.a.nbytes(); }
+size_t size_of(const Arr& a) { return a.a.size(); }
+
+void read_into(const Arr& a, rust::Slice<uint8_t> out) {
+  // Views (slices, transposes, broadcasts) are strided: copy to a row-major
+  // buffer first, and only read after evaluation.
+  auto c = mx::contiguous(a.a);
+  c.eval();
+  c.wait();
+  if (!c.flags().row_contiguous) throw std::runtime_error("internal: contiguous() gave a strided array");
+  if (c.nbytes() != out.size()) {
+    throw std::invalid_argument("read buffer has " + std::to_string(out.size()) + " bytes, array has " +
+                                std::to_string(c.nbytes()));
+  }
+  if (out.size() > 0) std::memcpy(out.data(), c.data<uint8_t>(), out.size());
+}
+
+void eval_one(const Arr& a) { mx::eval({a.a}); }
+void wait_one(const Arr& a) {
+  auto x = a.a;
+  x.wait();
+}
+void async_eval_one(const Arr& a) { mx::async_eval({a.a}); }
+
+std::unique_ptr<ArrList> list_new() { return std::make_unique<ArrList>(); }
+void list_push(ArrList& l, const Arr& a) { l.items.push_back(a.a); }
+size_t list_len(const ArrList& l) { return l.items.size(); }
+ArrPtr list_get(const ArrList& l, size_t i) {
+  if (i >= l.items.size()) throw std::out_of_range("list index out of range");
+  return wrap(l.items[i]);
+}
+void eval_list(const ArrList& l) { mx::eval(l.items); }
+void async_eval_list(const ArrList& l) { mx::async_eval(l.items); }
+
+ArrPtr zeros(rust::Slice<const int32_t> shape, uint8_t dtype) { return wrap(mx::zeros(to_shape(shape), to_dtype(dtype))); }
+ArrPtr ones(rust::Slice<const int32_t> shape, uint8_t dtype) { return wrap(mx::ones(to_shape(shape), to_dtype(dtype))); }
+ArrPtr full(rust::Slice<const int32_t> shape, const Arr& v, uint8_t dtype) {
+  return wrap(mx::full(to_shape(shape), v.a, to_dtype(dtype)));
+}
+ArrPtr arange(double start, double stop, double step, uint8_t dtype) {
+  return wrap(mx::arange(start, stop, step, to_dtype(dtype)));
+}
+ArrPtr tri(int32_t n, int32_t m, int32_t k, uint8_t dtype) { return wrap(mx::tri(n, m, k, to_dtype(dtype))); }
+
+ArrPtr unary(const Arr& x, uint8_t op) {
+  const auto& a = x.a;
+  switch (op) {
+    case 0: return wrap(mx::negative(a));
+    case 1: return wrap(mx::exp(a));
+    case 2: return wrap(mx::log(a));
+    case 3: return wrap(mx::sqrt(a));
+    case 4: return wrap(mx::rsqrt(a));
+    case 5: return wrap(mx::abs(a));
+    case 6: return wrap(mx::sigmoid(a));
+    case 7: return wrap(mx::tanh(a));
+    case 8: return wrap(mx::square(a));
+    case 9: return wrap(mx::logical_not(a));
+    case 10: return wrap(mx::reciprocal(a));
+    case 11: return wrap(mx::floor(a));
+    case 12: return wrap(mx::sin(a));
+    case 13: return wrap(mx::cos(a));
+    case 14: return wrap(mx::erf(a));
+    case 15: return wrap(mx::isnan(a));
+    case 16: return wrap(mx::isinf(a));
+    case 17: return wrap(mx::log1p(a));
+    case 18: return wrap(mx::multiply(a, mx::sigmoid(a)));
+    default: throw std::invalid_argument("unknown unary op " + std::to_string(op));
+  }
+}
+
+ArrPtr binary(const Arr& x, const Arr& y, uint8_t op) {
+  const auto& a = x.a;
+  const auto& b = y.a;
+  switch (op) {
+    case 0: return wrap(mx::add(a, b));
+    case 1: return wrap(mx::subtract(a, b));
+    case 2: return wrap(mx::multiply(a, b));
+    case 3: return wrap(mx::divide(a, b));
+    case 4: return wrap(mx::maximum(a, b));
+    case 5: return wrap(mx::minimum(a, b));
+    case 6: return wrap(mx::power(a, b));
+    case 7: return wrap(mx::equal(a, b));
+    case 8: return wrap(mx::not_equal(a, b));
+    case 9: return wrap(mx::less(a, b));
+    case 10: return wrap(mx::less_equal(a, b));
+    case 11: return wrap(mx::greater(a, b));
+    case 12: return wrap(mx::greater_equal(a, b));
+    case 13: return wrap(mx::logical_and(a, b));
+    case 14: return wrap(mx::logical_or(a, b));
+    case 15: return wrap(mx::floor_divide(a, b));
+    case 16: return wrap(mx::remainder(a, b));
+    default: throw std::invalid_argument("unknown binary op " + std::to_string(op));
+  }
+}
+
+ArrPtr where_(const Arr& c, const Arr& x, const Arr& y) { return wrap(mx::where(c.a, x.a, y.a)); }
+ArrPtr astype(const Arr& a, uint8_t dtype) { return wrap(mx::astype(a.a, to_dtype(dtype))); }
+ArrPtr contiguous(const Arr& a) { return wrap(mx::contiguous(a.a)); }
+
+ArrPtr matmul(const Arr& a, const Arr& b) { return wrap(mx::matmul(a.a, b.a)); }
+ArrPtr addmm(const Arr& c, const Arr& a, const Arr& b, float alpha, float beta) {
+  return wrap(mx::addmm(c.a, a.a, b.a, alpha, beta));
+}
+std::unique_ptr<ArrList> quantize(const Arr& w, int32_t group_size, int32_t bits) {
+  auto l = std::make_unique<ArrList>();
+  l->items = mx::quantize(w.a, group_size, bits, "affine");
+  return l;
+}
+ArrPtr dequantize(const Arr& w, const Arr& scales, const Arr& biases, int32_t group_size, int32_t bits) {
+  return wrap(mx::dequantize(w.a, scales.a, biases.a, group_size, bits, "affine"));
+}
+ArrPtr quantized_matmul(const Arr& x, const Arr& w, const Arr& scales, const Arr& biases, bool transpose,
+                        int32_t group_size, int32_t bits) {
+  return wrap(mx::quantized_matmul(x.a, w.a, scales.a, biases.a, transpose, group_size, bits, "affine"));
+}
+
+ArrPtr reshape(const Arr& a, rust::Slice<const int32_t> shape) { return wrap(mx::reshape(a.a, to_shape(shape))); }
+ArrPtr transpose(const Arr& a, rust::Slice<const int32_t> axes) { return wrap(mx::transpose(a.a, to_ints(axes))); }
+ArrPtr swapaxes(const Arr& a, int32_t a1, int32_t a2) { return wrap(mx::swapaxes(a.a, a1, a2)); }
+ArrPtr squeeze(const Arr& a, rust::Slice<const int32_t> axes) { return wrap(mx::squeeze(a.a, to_ints(axes))); }
+ArrPtr expand_dims(const Arr& a, rust::Slice<const int32_t> axes) {
+  return wrap(mx::expand_dims(a.a, to_ints(axes)));
+}
+ArrPtr broadcast_to(const Arr& a, rust::Slice<const int32_t> shape) {
+  return wrap(mx::broadcast_to(a.a, to_shape(shape)));
+}
+ArrPtr slice(const Arr& a, rust::Slice<const int32_t> start, rust::Slice<const int32_t> stop,
+             rust::Slice<const int32_t> strides) {
+  return wrap(mx::slice(a.a, to_shape(start), to_shape(stop), to_shape(strides)));
+}
+ArrPtr slice_update(const Arr& src, const Arr& upd, rust::Slice<const int32_t> start,
+                    rust::Slice<const int32_t> stop, rust::Slice<const int32_t> strides) {
+  return wrap(mx::slice_update(src.a, upd.a, to_shape(start), to_shape(stop), to_shape(strides)));
+}
+ArrPtr concatenate(const ArrList& l, int32_t axis) { return wrap(mx::concatenate(l.items, axis)); }
+ArrPtr stack(const ArrList& l, int32_t axis) { return wrap(mx::stack(l.items, axis)); }
+
+ArrPtr take(const Arr& a, const Arr& idx, int32_t axis) { return wrap(mx::take(a.a, idx.a, axis)); }
+ArrPtr take_along_axis(const Arr& a, const Arr& idx, int32_t axis) {
+  return wrap(mx::take_along_axis(a.a, idx.a, axis));
+}
+ArrPtr put_along_axis(const Arr& a, const Arr& idx, const Arr& v, int32_t axis) {
+  return wrap(mx::put_along_axis(a.a, idx.a, v.a, axis));
+}
+ArrPtr scatter_add_axis(const Arr& a, const Arr& idx, const Arr& v, int32_t axis) {
+  return wrap(mx::scatter_add_axis(a.a, idx.a, v.a, axis));
+}
+
+ArrPtr reduce(const Arr& x, rust::Slice<const int32_t> axes, bool keepdims, uint8_t op) {
+  auto ax = to_ints(axes);
+  const auto& a = x.a;
+  switch (op) {
+    case 0: return wrap(mx::sum(a, ax, keepdims));
+    case 1: return wrap(mx::max(a, ax, keepdims));
+    case 2: return wrap(mx::min(a, ax, keepdims));
+    case 3: return wrap(mx::mean(a, ax, keepdims));
+    case 4: return wrap(mx::prod(a, ax, keepdims));
+    case 5: return wrap(mx::logsumexp(a, ax, keepdims));
+    case 6: return wrap(mx::all(a, ax, keepdims));
+    case 7: return wrap(mx::any(a, ax, keepdims));
+    default: throw std::invalid_argument("unknown reduction " + std::to_string(op));
+  }
+}
+ArrPtr softmax(const Arr& a, rust::Slice<const int32_t> axes, bool precise) {
+  return wrap(mx::softmax(a.a, to_ints(axes), precise));
+}
+ArrPtr arg_reduce(const Arr& a, int32_t axis, bool keepdims, bool is_max) {
+  return wrap(is_max ? mx::argmax(a.a, axis, keepdims) : mx::argmin(a.a, axis, keepdims));
+}
+ArrPtr argpartition(const Arr& a, int32_t kth, int32_t axis) { return wrap(mx::argpartition(a.a, kth, axis)); }
+ArrPtr topk(const Arr& a, int32_t k, int32_t axis) { return wrap(mx::topk(a.a, k, axis)); }
+ArrPtr sort(const Arr& a, int32_t axis) { return wrap(mx::sort(a.a, axis)); }
+ArrPtr argsort(const Arr& a, int32_t axis) { return wrap(mx::argsort(a.a, axis)); }
+ArrPtr cumsum(const Arr& a, int32_t axis, bool reverse, bool inclusive) {
+  return wrap(mx::cumsum(a.a, axis, reverse, inclusive));
+}
+ArrPtr cumprod(const Arr& a, int32_t axis, bool reverse, bool inclusive) {
+  return wrap(mx::cumprod(a.a, axis, reverse, inclusive));
+}
+
+ArrPtr rms_norm(const Arr& x, const Arr& w, float eps) { return wrap(mx::fast::rms_norm(x.a, w.a, eps)); }
+ArrPtr rms_norm_noweight(const Arr& x, float eps) { return wrap(mx::fast::rms_norm(x.a, std::nullopt, eps)); }
+ArrPtr rope(const Arr& x, int32_t dims, bool traditional, float base, float scale, int32_t offset) {
+  return wrap(mx::fast::rope(x.a, dims, traditional, base, scale, offset));
+}
+ArrPtr rope_freqs(const Arr& x, int32_t dims, bool traditional, float scale, int32_t offset, const Arr& freqs) {
+  return wrap(mx::fast::rope(x.a, dims, traditional, std::nullopt, scale, offset, freqs.a));
+}
+ArrPtr sdpa(const Arr& q, const Arr& k, const Arr& v, float scale, bool causal) {
+  return wrap(mx::fast::scaled_dot_product_attention(q.a, k.a, v.a, scale, causal ? "causal" : ""));
+}
+ArrPtr sdpa_masked(const Arr& q, const Arr& k, const Arr& v, float scale, const Arr& mask) {
+  return wrap(mx::fast::scaled_dot_product_attention(q.a, k.a, v.a, scale, "array", mask.a));
+}
+
+ArrPtr random_key(uint64_t seed) { return wrap(mx::random::key(seed)); }
+ArrPtr random_split(const Arr& key, int32_t num) { return wrap(mx::random::split(key.a, num)); }
+ArrPtr random_uniform(rust::Slice<const int32_t> shape, uint8_t dtype, const Arr& key) {
+  return wrap(mx::random::uniform(to_shape(shape), to_dtype(dtype), key.a));
+}
+ArrPtr random_normal(rust::Slice<const int32_t> shape, uint8_t dtype, const Arr& key) {
+  return wrap(mx::random::normal(to_shape(shape), to_dtype(dtype), std::nullopt, std::nullopt, key.a));
+}
+ArrPtr random_bernoulli(const Arr& p, const Arr& key) { return wrap(mx::random::bernoulli(p.a, key.a)); }
+ArrPtr random_categorical(const Arr& logits, int32_t axis, const Arr& key) {
+  return wrap(mx::random::categorical(logits.a, axis, key.a));
+}
+ArrPtr random_categorical_n(const Arr& logits, int32_t axis, int32_t n, const Arr& key) {
+  return wrap(mx::random::categorical(logits.a, axis, n, key.a));
+}
+
+std::unique_ptr<TensorFile> load_safetensors(rust::Str path) {
+  auto loaded = mx::load_safetensors(std::string(path));
+  auto f = std::make_unique<TensorFile>();
+  for (auto& [name, arr] : loaded.first) {
+    f->names.push_back(name);
+    f->arrays.push_back(arr);
+  }
+  for (auto& [k, v] : loaded.second) {
+    f->meta_keys.push_back(k);
+    f->meta_values.push_back(v);
+  }
+  return f;
+}
+size_t tf_len(const TensorFile& f) { return f.names.size(); }
+rust::String tf_name(const TensorFile& f, size_t i) { return rust::String(f.names.at(i)); }
+ArrPtr tf_array(const TensorFile& f, size_t i) { return wrap(f.arrays.at(i)); }
+size_t tf_meta_len(const TensorFile& f) { return f.meta_keys.size(); }
+rust::String tf_meta_key(const TensorFile& f, size_t i) { return rust::String(f.meta_keys.at(i)); }
+rust::String tf_meta_value(const TensorFile& f, size_t i) { return rust::String(f.meta_values.at(i)); }
+void save_safetensors(rust::Str path, rust::Slice<const rust::String> names, const ArrList& arrays) {
+  if (names.size() != arrays.items.size()) throw std::invalid_argument("names and arrays differ in length");
+  std::unordered_map<std::string, mx::array> m;
+  for (size_t i = 0; i < names.size(); ++i) m.insert_or_assign(std::string(names[i]), arrays.items[i]);
+  mx::save_safetensors(std::string(path), std::move(m));
+}
+
+void set_default_device(bool gpu) { mx::set_default_device(mx::Device(gpu ? mx::Device::gpu : mx::Device::cpu)); }
+bool default_device_is_gpu() { return mx::default_device().type == mx::Device::gpu; }
+bool gpu_available() { return mx::is_available(mx::Device(mx::Device::gpu)); }
+rust::String device_name() {
+  const auto& info = mx::device_info(mx::default_device());
+  auto it = info.find("device_name");
+  if (it != info.end()) {
+    if (auto s = std::get_if<std::string>(&it->second)) return rust::String(*s);
+  }
+  return rust::String(default_device_is_gpu() ? "gpu" : "cpu");
+}
+void synchronize() { mx::synchronize(); }
+size_t active_memory() { return mx::get_active_memory(); }
+size_t peak_memory() { return mx::get_peak_memory(); }
+void reset_peak_memory() { mx::reset_peak_memory(); }
+size_t cache_memory() { return mx::get_cache_memory(); }
+size_t set_cache_limit(size_t limit) { return mx::set_cache_limit(limit); }
+size_t set_memory_limit(size_t limit) { return mx::set_memory_limit(limit); }
+void clear_cache() { mx::clear_cache(); }
+rust::String mlx_version() { return rust::String(mx::version()); }
+
+}  // namespace mtp_mlx

@@ -1,0 +1,88 @@
+//! Device choice and MLX's memory figures.
+//!
+//! The CPU build (`mlx-cpu`) has only the CPU device; the same binary started
+//! with the CUDA build's `libmlx.so` (or on macOS with Metal) has a GPU too.
+
+use crate::Result;
+use crate::error::check;
+use crate::ffi::sys;
+
+/// Where MLX runs new operations by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    /// The CPU backend.
+    Cpu,
+    /// Metal on macOS, CUDA on NVIDIA hosts.
+    Gpu,
+}
+
+/// Sets the default device for this thread's new operations.
+#[track_caller]
+pub fn set_default_device(device: Device) -> Result<()> {
+    check(sys::set_default_device(device == Device::Gpu))
+}
+
+/// The current default device.
+pub fn default_device() -> Device {
+    if sys::default_device_is_gpu() {
+        Device::Gpu
+    } else {
+        Device::Cpu
+    }
+}
+
+/// True when the loaded MLX library has a usable GPU backend.
+pub fn gpu_available() -> bool {
+    sys::gpu_available()
+}
+
+/// A human-readable name of the default device (for example `NVIDIA H200`).
+#[track_caller]
+pub fn device_name() -> Result<String> {
+    check(sys::device_name())
+}
+
+/// Waits for all scheduled work on the default stream.
+#[track_caller]
+pub fn synchronize() -> Result<()> {
+    check(sys::synchronize())
+}
+
+/// The MLX library version string.
+pub fn mlx_version() -> String {
+    sys::mlx_version()
+}
+
+/// MLX allocator figures, in bytes.
+pub mod memory {
+    use super::sys;
+
+    /// Bytes held by live arrays.
+    pub fn active() -> usize {
+        sys::active_memory()
+    }
+    /// Highest `active()` since start or the last [`reset_peak`].
+    pub fn peak() -> usize {
+        sys::peak_memory()
+    }
+    /// Resets the peak to the current active figure.
+    pub fn reset_peak() {
+        sys::reset_peak_memory()
+    }
+    /// Bytes kept in MLX's buffer cache for reuse.
+    pub fn cache() -> usize {
+        sys::cache_memory()
+    }
+    /// Caps the buffer cache; returns the previous limit.
+    pub fn set_cache_limit(bytes: usize) -> usize {
+        sys::set_cache_limit(bytes)
+    }
+    /// Caps total memory; returns the previous limit.
+    pub fn set_memory_limit(bytes: usize) -> usize {
+        sys::set_memory_limit(bytes)
+    }
+    /// Frees the buffer cache.
+    pub fn clear_cache() {
+        sys::clear_cache()
+    }
+}

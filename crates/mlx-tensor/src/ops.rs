@@ -1,0 +1,459 @@
+//! Array operations: element-wise, linear algebra, shape, indexing, reductions.
+//!
+//! All are lazy: they add a node to the graph and return at once; errors that
+//! MLX can detect from shapes and dtypes (a matmul of mismatched shapes, say)
+//! are reported here, at the call site.
+
+use crate::array::List;
+use crate::error::check;
+use crate::ffi::sys;
+use crate::{Array, Dtype, Result};
+
+macro_rules! unary_ops {
+    ($($(#[$doc:meta])* $name:ident = $code:expr;)*) => {
+        impl Array {
+            $(
+                $(#[$doc])*
+                #[track_caller]
+                pub fn $name(&self) -> Result<Array> {
+                    check(sys::unary(self.raw(), $code)).map(Array::wrap)
+                }
+            )*
+        }
+    };
+}
+
+macro_rules! binary_ops {
+    ($($(#[$doc:meta])* $name:ident = $code:expr;)*) => {
+        impl Array {
+            $(
+                $(#[$doc])*
+                #[track_caller]
+                pub fn $name(&self, other: &Array) -> Result<Array> {
+                    check(sys::binary(self.raw(), other.raw(), $code)).map(Array::wrap)
+                }
+            )*
+        }
+    };
+}
+
+unary_ops! {
+    /// `-x`.
+    negative = 0;
+    /// `e^x`.
+    exp = 1;
+    /// Natural logarithm.
+    log = 2;
+    /// Square root.
+    sqrt = 3;
+    /// `1 / sqrt(x)`.
+    rsqrt = 4;
+    /// Absolute value.
+    abs = 5;
+    /// Logistic sigmoid.
+    sigmoid = 6;
+    /// Hyperbolic tangent.
+    tanh = 7;
+    /// `x * x`.
+    square = 8;
+    /// Logical not (boolean result).
+    logical_not = 9;
+    /// `1 / x`.
+    reciprocal = 10;
+    /// Round down.
+    floor = 11;
+    /// Sine.
+    sin = 12;
+    /// Cosine.
+    cos = 13;
+    /// Error function.
+    erf = 14;
+    /// True where the element is NaN.
+    isnan = 15;
+    /// True where the element is ±infinity.
+    isinf = 16;
+    /// `ln(1 + x)`.
+    log1p = 17;
+    /// SiLU: `x * sigmoid(x)`.
+    silu = 18;
+}
+
+binary_ops! {
+    /// Element-wise sum, with broadcasting.
+    add = 0;
+    /// Element-wise difference, with broadcasting.
+    subtract = 1;
+    /// Element-wise product, with broadcasting.
+    multiply = 2;
+    /// Element-wise quotient, with broadcasting.
+    divide = 3;
+    /// Element-wise maximum.
+    maximum = 4;
+    /// Element-wise minimum.
+    minimum = 5;
+    /// Element-wise power.
+    power = 6;
+    /// Element-wise `==` (boolean result).
+    equal = 7;
+    /// Element-wise `!=`.
+    not_equal = 8;
+    /// Element-wise `<`.
+    less = 9;
+    /// Element-wise `<=`.
+    less_equal = 10;
+    /// Element-wise `>`.
+    greater = 11;
+    /// Element-wise `>=`.
+    greater_equal = 12;
+    /// Element-wise logical and.
+    logical_and = 13;
+    /// Element-wise logical or.
+    logical_or = 14;
+    /// Element-wise floor division.
+    floor_divide = 15;
+    /// Element-wise remainder.
+    remainder = 16;
+}
+
+/// Reductions over axes.
+#[derive(Debug, Clone, Copy)]
+enum Reduce {
+    Sum = 0,
+    Max = 1,
+    Min = 2,
+    Mean = 3,
+    Prod = 4,
+    LogSumExp = 5,
+    All = 6,
+    Any = 7,
+}
+
+impl Array {
+    #[track_caller]
+    fn reduce(&self, axes: &[i32], keepdims: bool, op: Reduce) -> Result<Array> {
+        check(sys::reduce(self.raw(), axes, keepdims, op as u8)).map(Array::wrap)
+    }
+
+    /// Sum over `axes`.
+    #[track_caller]
+    pub fn sum(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+        self.reduce(axes, keepdims, Reduce::Sum)
+    }
+    /// Maximum over `axes`.
+    #[track_caller]
+    pub fn max(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+        self.reduce(axes, keepdims, Reduce::Max)
+    }
+    /// Minimum over `axes`.
+    #[track_caller]
+    pub fn min(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+        self.reduce(axes, keepdims, Reduce::Min)
+    }
+    /// Mean over `axes`.
+    #[track_caller]
+    pub fn mean(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+        self.reduce(axes, keepdims, Reduce::Mean)
+    }
+    /// Product over `axes`.
+    #[track_caller]
+    pub fn prod(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+        self.reduce(axes, keepdims, Reduce::Prod)
+    }
+    /// `log(sum(exp(x)))` over `axes`, computed stably.
+    #[track_caller]
+    pub fn logsumexp(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+        self.reduce(axes, keepdims, Reduce::LogSumExp)
+    }
+    /// True where every element over `axes` is true.
+    #[track_caller]
+    pub fn all(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+        self.reduce(axes, keepdims, Reduce::All)
+    }
+    /// True where any element over `axes` is true.
+    #[track_caller]
+    pub fn any(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+        self.reduce(axes, keepdims, Reduce::Any)
+    }
+
+    /// Softmax over `axes`; `precise` accumulates in f32 for half inputs.
+    #[track_caller]
+    pub fn softmax(&self, axes: &[i32], precise: bool) -> Result<Array> {
+        check(sys::softmax(self.raw(), axes, precise)).map(Array::wrap)
+    }
+    /// Index of the maximum along `axis` (uint32).
+    #[track_caller]
+    pub fn argmax(&self, axis: i32, keepdims: bool) -> Result<Array> {
+        check(sys::arg_reduce(self.raw(), axis, keepdims, true)).map(Array::wrap)
+    }
+    /// Index of the minimum along `axis` (uint32).
+    #[track_caller]
+    pub fn argmin(&self, axis: i32, keepdims: bool) -> Result<Array> {
+        check(sys::arg_reduce(self.raw(), axis, keepdims, false)).map(Array::wrap)
+    }
+    /// Indices that partition `axis` so that element `kth` is in sorted place.
+    #[track_caller]
+    pub fn argpartition(&self, kth: i32, axis: i32) -> Result<Array> {
+        check(sys::argpartition(self.raw(), kth, axis)).map(Array::wrap)
+    }
+    /// The `k` largest values along `axis` (unordered).
+    #[track_caller]
+    pub fn topk(&self, k: i32, axis: i32) -> Result<Array> {
+        check(sys::topk(self.raw(), k, axis)).map(Array::wrap)
+    }
+    /// Ascending sort along `axis`.
+    #[track_caller]
+    pub fn sort(&self, axis: i32) -> Result<Array> {
+        check(sys::sort(self.raw(), axis)).map(Array::wrap)
+    }
+    /// Indices of an ascending sort along `axis`.
+    #[track_caller]
+    pub fn argsort(&self, axis: i32) -> Result<Array> {
+        check(sys::argsort(self.raw(), axis)).map(Array::wrap)
+    }
+    /// Cumulative sum along `axis`.
+    #[track_caller]
+    pub fn cumsum(&self, axis: i32, reverse: bool, inclusive: bool) -> Result<Array> {
+        check(sys::cumsum(self.raw(), axis, reverse, inclusive)).map(Array::wrap)
+    }
+    /// Cumulative product along `axis`.
+    #[track_caller]
+    pub fn cumprod(&self, axis: i32, reverse: bool, inclusive: bool) -> Result<Array> {
+        check(sys::cumprod(self.raw(), axis, reverse, inclusive)).map(Array::wrap)
+    }
+
+    /// Converts to another dtype.
+    #[track_caller]
+    pub fn as_type(&self, dtype: Dtype) -> Result<Array> {
+        check(sys::astype(self.raw(), dtype.code())).map(Array::wrap)
+    }
+    /// A row-major copy (a no-op node when already contiguous).
+    #[track_caller]
+    pub fn contiguous(&self) -> Result<Array> {
+        check(sys::contiguous(self.raw())).map(Array::wrap)
+    }
+
+    /// Matrix product with broadcasting over leading axes.
+    #[track_caller]
+    pub fn matmul(&self, other: &Array) -> Result<Array> {
+        check(sys::matmul(self.raw(), other.raw())).map(Array::wrap)
+    }
+    /// `beta * self + alpha * (a @ b)`.
+    #[track_caller]
+    pub fn addmm(&self, a: &Array, b: &Array, alpha: f32, beta: f32) -> Result<Array> {
+        check(sys::addmm(self.raw(), a.raw(), b.raw(), alpha, beta)).map(Array::wrap)
+    }
+
+    /// New shape with the same elements.
+    #[track_caller]
+    pub fn reshape(&self, shape: &[i32]) -> Result<Array> {
+        check(sys::reshape(self.raw(), shape)).map(Array::wrap)
+    }
+    /// Permutes axes.
+    #[track_caller]
+    pub fn transpose(&self, axes: &[i32]) -> Result<Array> {
+        check(sys::transpose(self.raw(), axes)).map(Array::wrap)
+    }
+    /// Reverses all axes (a matrix transpose for 2-D arrays).
+    #[track_caller]
+    pub fn t(&self) -> Result<Array> {
+        let n = self.ndim() as i32;
+        let axes: Vec<i32> = (0..n).rev().collect();
+        self.transpose(&axes)
+    }
+    /// Swaps two axes.
+    #[track_caller]
+    pub fn swapaxes(&self, a: i32, b: i32) -> Result<Array> {
+        check(sys::swapaxes(self.raw(), a, b)).map(Array::wrap)
+    }
+    /// Removes size-1 axes.
+    #[track_caller]
+    pub fn squeeze(&self, axes: &[i32]) -> Result<Array> {
+        check(sys::squeeze(self.raw(), axes)).map(Array::wrap)
+    }
+    /// Inserts size-1 axes.
+    #[track_caller]
+    pub fn expand_dims(&self, axes: &[i32]) -> Result<Array> {
+        check(sys::expand_dims(self.raw(), axes)).map(Array::wrap)
+    }
+    /// Broadcasts to a larger shape (a view).
+    #[track_caller]
+    pub fn broadcast_to(&self, shape: &[i32]) -> Result<Array> {
+        check(sys::broadcast_to(self.raw(), shape)).map(Array::wrap)
+    }
+    /// Strided slice `[start, stop)` with `strides` (all three per axis).
+    #[track_caller]
+    pub fn slice(&self, start: &[i32], stop: &[i32], strides: &[i32]) -> Result<Array> {
+        check(sys::slice(self.raw(), start, stop, strides)).map(Array::wrap)
+    }
+    /// Slice with unit strides.
+    #[track_caller]
+    pub fn slice_range(&self, start: &[i32], stop: &[i32]) -> Result<Array> {
+        let ones = vec![1; start.len()];
+        self.slice(start, stop, &ones)
+    }
+    /// Slice `[start, stop)` of one axis, keeping the others whole.
+    #[track_caller]
+    pub fn slice_axis(&self, axis: i32, start: i32, stop: i32) -> Result<Array> {
+        let shape = self.shape();
+        let n = shape.len() as i32;
+        let ax = if axis < 0 { axis + n } else { axis };
+        let mut lo = vec![0; shape.len()];
+        let mut hi: Vec<i32> = shape.to_vec();
+        if (0..n).contains(&ax) {
+            lo[ax as usize] = start;
+            hi[ax as usize] = stop;
+        }
+        self.slice_range(&lo, &hi)
+    }
+    /// A copy of `self` with `[start, stop)` (unit strides) replaced by `update`.
+    #[track_caller]
+    pub fn slice_update(&self, update: &Array, start: &[i32], stop: &[i32]) -> Result<Array> {
+        let ones = vec![1; start.len()];
+        check(sys::slice_update(
+            self.raw(),
+            update.raw(),
+            start,
+            stop,
+            &ones,
+        ))
+        .map(Array::wrap)
+    }
+
+    /// Gathers along `axis` with an index array.
+    #[track_caller]
+    pub fn take(&self, indices: &Array, axis: i32) -> Result<Array> {
+        check(sys::take(self.raw(), indices.raw(), axis)).map(Array::wrap)
+    }
+    /// Gathers element-wise along `axis` (indices broadcast against `self`).
+    #[track_caller]
+    pub fn take_along_axis(&self, indices: &Array, axis: i32) -> Result<Array> {
+        check(sys::take_along_axis(self.raw(), indices.raw(), axis)).map(Array::wrap)
+    }
+    /// A copy with `values` written at `indices` along `axis`.
+    #[track_caller]
+    pub fn put_along_axis(&self, indices: &Array, values: &Array, axis: i32) -> Result<Array> {
+        check(sys::put_along_axis(
+            self.raw(),
+            indices.raw(),
+            values.raw(),
+            axis,
+        ))
+        .map(Array::wrap)
+    }
+    /// A copy with `values` added at `indices` along `axis` (duplicates accumulate).
+    #[track_caller]
+    pub fn scatter_add(&self, indices: &Array, values: &Array, axis: i32) -> Result<Array> {
+        check(sys::scatter_add_axis(
+            self.raw(),
+            indices.raw(),
+            values.raw(),
+            axis,
+        ))
+        .map(Array::wrap)
+    }
+
+    /// Affine-quantizes the last axis: returns `(packed, scales, biases)`.
+    #[track_caller]
+    pub fn quantize(&self, group_size: i32, bits: i32) -> Result<(Array, Array, Array)> {
+        let parts = List {
+            inner: check(sys::quantize(self.raw(), group_size, bits))?,
+        }
+        .into_arrays()?;
+        let mut it = parts.into_iter();
+        match (it.next(), it.next(), it.next()) {
+            (Some(w), Some(s), Some(b)) => Ok((w, s, b)),
+            _ => panic!("MLX affine quantize returned fewer than three arrays"),
+        }
+    }
+}
+
+/// Elements of `x` where `cond` is true, else of `y` (all three broadcast).
+#[track_caller]
+pub fn r#where(cond: &Array, x: &Array, y: &Array) -> Result<Array> {
+    check(sys::where_(cond.raw(), x.raw(), y.raw())).map(Array::wrap)
+}
+
+/// Joins arrays along an existing axis.
+#[track_caller]
+pub fn concatenate(arrays: &[Array], axis: i32) -> Result<Array> {
+    check(sys::concatenate(List::new(arrays).raw(), axis)).map(Array::wrap)
+}
+
+/// Joins arrays along a new axis.
+#[track_caller]
+pub fn stack(arrays: &[Array], axis: i32) -> Result<Array> {
+    check(sys::stack(List::new(arrays).raw(), axis)).map(Array::wrap)
+}
+
+/// Zeros of the given shape and dtype.
+#[track_caller]
+pub fn zeros(shape: &[i32], dtype: Dtype) -> Result<Array> {
+    check(sys::zeros(shape, dtype.code())).map(Array::wrap)
+}
+
+/// Ones of the given shape and dtype.
+#[track_caller]
+pub fn ones(shape: &[i32], dtype: Dtype) -> Result<Array> {
+    check(sys::ones(shape, dtype.code())).map(Array::wrap)
+}
+
+/// An array filled with `value`.
+#[track_caller]
+pub fn full(shape: &[i32], value: f32, dtype: Dtype) -> Result<Array> {
+    let v = Array::scalar(value, Dtype::Float32)?;
+    check(sys::full(shape, v.raw(), dtype.code())).map(Array::wrap)
+}
+
+/// `start, start + step, ...` below `stop`.
+#[track_caller]
+pub fn arange(start: f64, stop: f64, step: f64, dtype: Dtype) -> Result<Array> {
+    check(sys::arange(start, stop, step, dtype.code())).map(Array::wrap)
+}
+
+/// An `n × m` matrix with ones on and below diagonal `k`.
+#[track_caller]
+pub fn tri(n: i32, m: i32, k: i32, dtype: Dtype) -> Result<Array> {
+    check(sys::tri(n, m, k, dtype.code())).map(Array::wrap)
+}
+
+/// Dequantizes an affine-quantized matrix.
+#[track_caller]
+pub fn dequantize(
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    check(sys::dequantize(
+        w.raw(),
+        scales.raw(),
+        biases.raw(),
+        group_size,
+        bits,
+    ))
+    .map(Array::wrap)
+}
+
+/// `x @ dequantize(w).T` (or without the transpose) without materialising `w`.
+#[track_caller]
+pub fn quantized_matmul(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    transpose: bool,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    check(sys::quantized_matmul(
+        x.raw(),
+        w.raw(),
+        scales.raw(),
+        biases.raw(),
+        transpose,
+        group_size,
+        bits,
+    ))
+    .map(Array::wrap)
+}

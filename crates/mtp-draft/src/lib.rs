@@ -1,0 +1,2 @@
+//! mtp-draft (filled by its issue).
+#![warn(missing_docs)]

@@ -1,0 +1,4 @@
+//! The `mtp-runner` binary.
+fn main() -> anyhow::Result<()> {
+    Ok(())
+}

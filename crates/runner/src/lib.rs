@@ -1,0 +1,2 @@
+//! runner (filled by its issue).
+#![warn(missing_docs)]

@@ -1,0 +1,2 @@
+//! sampler (filled by its issue).
+#![warn(missing_docs)]
