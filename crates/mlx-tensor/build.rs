@@ -91,7 +91,18 @@ fn run() -> Result<(), String> {
         ));
     }
 
-    cxx_build::bridge("src/ffi.rs")
+    let is_macos = env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos");
+    let openblas = if is_macos {
+        None
+    } else {
+        OPENBLAS_DIRS.iter().map(Path::new).find(|d| d.join("libopenblas.so.0").is_file())
+    };
+
+    let mut build = cxx_build::bridge("src/ffi.rs");
+    if openblas.is_some() {
+        build.define("MTP_OPENBLAS", None);
+    }
+    build
         .file("cpp/shim.cc")
         .include(&include)
         .include(env::var("CARGO_MANIFEST_DIR").unwrap() + "/..")
@@ -108,41 +119,27 @@ fn run() -> Result<(), String> {
     println!("cargo:libdir={}", lib.display());
     println!("cargo:include={}", include.display());
 
-    if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") {
+    if is_macos {
         println!("cargo:rustc-link-lib=framework=Metal");
         println!("cargo:rustc-link-lib=framework=Foundation");
         println!("cargo:rustc-link-lib=framework=Accelerate");
-        println!("cargo:openblas=");
         return Ok(());
     }
-
-    match OPENBLAS_DIRS
-        .iter()
-        .map(Path::new)
-        .find(|d| d.join("libopenblas.so.0").is_file())
-    {
+    match openblas {
         Some(dir) => {
-            println!("cargo:openblas={}", dir.display());
-            link_openblas(dir);
+            // The shim calls `openblas_get_config`, so every binary that links
+            // mlx-tensor gets libopenblas.so.0 as a direct NEEDED entry, listed
+            // before libmlx.so's own reference BLAS: the dynamic loader then binds
+            // MLX's `cblas_sgemm` to OpenBLAS (4-12x faster f32 matmul).
+            println!("cargo:rustc-link-search=native={}", dir.display());
+            println!("cargo:rustc-link-lib=dylib:+verbatim=libopenblas.so.0");
         }
-        None => {
-            println!("cargo:openblas=");
-            println!(
-                "cargo:warning=OpenBLAS not found: MLX will use its bundled reference BLAS (f32 matmul 4-12x slower). \
-                 Fix: apt-get install libopenblas0-pthread"
-            );
-        }
+        None => println!(
+            "cargo:warning=OpenBLAS not found: MLX will use its bundled reference BLAS (f32 matmul 4-12x slower). \
+             Fix: apt-get install libopenblas0-pthread"
+        ),
     }
     Ok(())
-}
-
-/// Makes OpenBLAS a direct dependency of this crate's own test binaries, so its
-/// `cblas_sgemm` shadows the reference BLAS that libmlx.so brings along.
-fn link_openblas(dir: &Path) {
-    println!("cargo:rustc-link-search=native={}", dir.display());
-    println!("cargo:rustc-link-arg=-Wl,--push-state,--no-as-needed");
-    println!("cargo:rustc-link-arg={}/libopenblas.so.0", dir.display());
-    println!("cargo:rustc-link-arg=-Wl,--pop-state");
 }
 
 fn cache_root() -> PathBuf {

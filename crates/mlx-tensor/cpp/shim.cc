@@ -341,4 +341,17 @@ size_t set_memory_limit(size_t limit) { return mx::set_memory_limit(limit); }
 void clear_cache() { mx::clear_cache(); }
 rust::String mlx_version() { return rust::String(mx::version()); }
 
+#ifdef MTP_OPENBLAS
+extern "C" char* openblas_get_config(void);
+namespace {
+// A dynamic initializer is never garbage-collected by the linker, so this
+// reference keeps libopenblas.so.0 a direct dependency of every binary that
+// links the shim (see build.rs for why that matters).
+const std::string kBlasConfig = std::string("OpenBLAS ") + openblas_get_config();
+}  // namespace
+rust::String blas_info() { return rust::String(kBlasConfig); }
+#else
+rust::String blas_info() { return rust::String("the BLAS bundled with MLX"); }
+#endif
+
 }  // namespace mtp_mlx

@@ -151,5 +151,6 @@ size_t set_cache_limit(size_t limit);
 size_t set_memory_limit(size_t limit);
 void clear_cache();
 rust::String mlx_version();
+rust::String blas_info();
 
 }  // namespace mtp_mlx

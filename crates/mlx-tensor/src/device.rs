@@ -53,6 +53,11 @@ pub fn mlx_version() -> String {
     sys::mlx_version()
 }
 
+/// Which BLAS serves MLX's f32 matmul on the CPU (OpenBLAS when linked).
+pub fn blas_info() -> String {
+    sys::blas_info()
+}
+
 /// MLX allocator figures, in bytes.
 pub mod memory {
     use super::sys;

@@ -158,5 +158,6 @@ pub(crate) mod sys {
         fn set_memory_limit(limit: usize) -> usize;
         fn clear_cache();
         fn mlx_version() -> String;
+        fn blas_info() -> String;
     }
 }
