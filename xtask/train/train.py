@@ -380,9 +380,9 @@ def evaluate(model, tokens, T, device, amp, max_tokens=None, batch=16):
 # ----------------------------------------------------------------------------- train
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["target", "draft"], required=True)
+    ap.add_argument("--model", choices=["target", "draft"], default="target")
     ap.add_argument("--data", default=os.path.join(HERE, "data"))
-    ap.add_argument("--out", required=True, help="output Hugging Face folder")
+    ap.add_argument("--out", default=None, help="output Hugging Face folder (required unless --prepare-only)")
     ap.add_argument("--steps", default="auto", help="number of optimizer steps, or 'auto' (see --time-budget)")
     ap.add_argument("--time-budget", type=float, default=300.0, help="seconds of training for --steps auto")
     ap.add_argument("--seq-len", type=int, default=1024)
@@ -401,6 +401,8 @@ def main():
                     help="hard wall-clock limit (s from start) for the training loop; stops early and exports")
     ap.add_argument("--eval-only", action="store_true", help="load --out and evaluate it on held-out data")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--prepare-only", action="store_true",
+                    help="only make train.bin/heldout.bin from the .txt.xz files (checked against manifest.json)")
     args = ap.parse_args()
     t_start = time.time()
 
@@ -420,6 +422,8 @@ def main():
             return contextlib.nullcontext()
 
     ensure_bins(args.data)
+    if args.prepare_only:
+        return
     held = load_bin(os.path.join(args.data, "heldout.bin"))
     T = args.seq_len
 
