@@ -39,6 +39,16 @@ pub enum Error {
         /// The caller.
         location: &'static Location<'static>,
     },
+    /// An axis argument outside `-ndim..ndim`.
+    #[error("at {location}: axis {axis} is out of range for an array of {ndim} dimensions")]
+    AxisOutOfRange {
+        /// The axis given.
+        axis: i32,
+        /// The array's number of dimensions.
+        ndim: usize,
+        /// The caller.
+        location: &'static Location<'static>,
+    },
     /// A read back into a type that does not match the array.
     #[error("at {location}: cannot read a {found:?} array as {expected:?}")]
     DtypeMismatch {

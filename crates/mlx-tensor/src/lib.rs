@@ -43,8 +43,8 @@ pub mod random;
 
 pub use array::{Array, Shape, async_eval, eval};
 pub use device::{
-    Device, default_device, device_name, gpu_available, memory, mlx_version, set_default_device,
-    synchronize,
+    Device, blas_info, default_device, device_name, gpu_available, memory, mlx_version,
+    set_default_device, synchronize,
 };
 pub use dtype::{Dtype, Element};
 pub use error::{Error, Result};

@@ -297,12 +297,17 @@ impl Array {
         let shape = self.shape();
         let n = shape.len() as i32;
         let ax = if axis < 0 { axis + n } else { axis };
+        if !(0..n).contains(&ax) {
+            return Err(crate::Error::AxisOutOfRange {
+                axis,
+                ndim: shape.len(),
+                location: std::panic::Location::caller(),
+            });
+        }
         let mut lo = vec![0; shape.len()];
         let mut hi: Vec<i32> = shape.to_vec();
-        if (0..n).contains(&ax) {
-            lo[ax as usize] = start;
-            hi[ax as usize] = stop;
-        }
+        lo[ax as usize] = start;
+        hi[ax as usize] = stop;
         self.slice_range(&lo, &hi)
     }
     /// A copy of `self` with `[start, stop)` (unit strides) replaced by `update`.
