@@ -95,7 +95,10 @@ fn run() -> Result<(), String> {
     let openblas = if is_macos {
         None
     } else {
-        OPENBLAS_DIRS.iter().map(Path::new).find(|d| d.join("libopenblas.so.0").is_file())
+        OPENBLAS_DIRS
+            .iter()
+            .map(Path::new)
+            .find(|d| d.join("libopenblas.so.0").is_file())
     };
 
     let mut build = cxx_build::bridge("src/ffi.rs");
