@@ -1,0 +1,76 @@
+//! The seam to the model: [`DraftHead`], one forward of a multi-token-prediction head.
+
+use kvcache::Cache;
+use mlx_tensor::Array;
+
+use crate::Result;
+
+/// What one head forward returns, row for row with its input.
+#[derive(Debug, Clone)]
+pub struct HeadOutput {
+    /// `[L, D]`: the rows before the unembedding (after the head's final
+    /// norm, if it has one). Only the row being sampled is ever unembedded,
+    /// through [`DraftHead::unembed`], so a 256-row flush costs no
+    /// vocabulary-sized matmul.
+    pub out: Array,
+    /// `[L, H]`: the hidden that conditions the next draft step, chained in
+    /// place of a target hidden when the head drafts from its own output.
+    pub hidden: Array,
+}
+
+/// A multi-token-prediction head: the model side of a draft session.
+///
+/// `runner` implements it for the MTP layers of Qwen3.5, DeepSeek-V3 and
+/// MiMo; tests implement it with fakes. The session decides what to feed and
+/// where; the head only computes and writes its caches.
+///
+/// Row `i` of a forward fuses `tokens[i]` (the look-ahead token) with
+/// `hiddens[i]` and sits at RoPE position and draft-cache slot
+/// `position + i`. A head with draft caches appends the `L` rows to every
+/// cache at `position`, which the session guarantees equals the caches'
+/// offset. A cacheless ("single-position") head attends the target caches
+/// read-only and writes nothing.
+pub trait DraftHead {
+    /// One forward over `L ≥ 1` rows: `tokens` is `[L]` `u32` (it may still be
+    /// a lazy device array) and `hiddens` is `[L, H]`.
+    fn forward(&mut self, tokens: &Array, hiddens: &Array, position: usize) -> Result<HeadOutput>;
+
+    /// Logits `[R, V]` for rows `[R, D]` of [`HeadOutput::out`].
+    fn unembed(&mut self, out: &Array) -> Result<Array>;
+
+    /// The head's draft caches; empty for a cacheless head.
+    fn caches(&self) -> &[Box<dyn Cache>];
+
+    /// The head's draft caches, to rewind them.
+    fn caches_mut(&mut self) -> &mut [Box<dyn Cache>];
+
+    /// The draft caches' offset (they move together), or `None` for a
+    /// cacheless head.
+    fn cache_offset(&self) -> Option<usize> {
+        self.caches().first().map(|c| c.offset())
+    }
+}
+
+/// A boxed head is a head, so a runner can hold `Drafter<Box<dyn DraftHead>>`
+/// over whichever family it loaded.
+impl<H: DraftHead + ?Sized> DraftHead for Box<H> {
+    fn forward(&mut self, tokens: &Array, hiddens: &Array, position: usize) -> Result<HeadOutput> {
+        (**self).forward(tokens, hiddens, position)
+    }
+
+    fn unembed(&mut self, out: &Array) -> Result<Array> {
+        (**self).unembed(out)
+    }
+
+    fn caches(&self) -> &[Box<dyn Cache>] {
+        (**self).caches()
+    }
+
+    fn caches_mut(&mut self) -> &mut [Box<dyn Cache>] {
+        (**self).caches_mut()
+    }
+
+    fn cache_offset(&self) -> Option<usize> {
+        (**self).cache_offset()
+    }
+}

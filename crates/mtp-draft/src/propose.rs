@@ -1,0 +1,118 @@
+//! [`DraftSession::propose`]: drafting a chain of tokens after the current one.
+
+use mlx_tensor::{Array, ops};
+use sampler::{Distribution, History, KeyStream, Options};
+
+use crate::head::{DraftHead, HeadOutput};
+use crate::session::{DraftSession, check_output, one_token};
+use crate::Result;
+
+/// What a proposal samples with: the request's options and penalty history,
+/// and the key stream its draws come from.
+#[derive(Debug)]
+pub struct DraftSampling<'a> {
+    /// The request's sampling options (the same ones validation uses).
+    pub options: &'a Options,
+    /// The committed penalty history; the proposal never mutates it.
+    pub history: &'a History,
+    /// One key per draft step is taken from it.
+    pub keys: &'a mut KeyStream,
+}
+
+/// A drafted chain after the current token.
+#[derive(Debug)]
+pub struct Proposal {
+    /// `[k]` `u32` draft tokens; still lazy unless penalties forced a read.
+    pub tokens: Array,
+    /// `k`, known on the host without a sync.
+    pub len: usize,
+    /// The `k` draft distributions, row `i` the one `tokens[i]` was drawn
+    /// from, for the acceptance test.
+    pub dist: Distribution,
+}
+
+impl<H: DraftHead> DraftSession<'_, H> {
+    /// Drafts up to `max_tokens` tokens after `current` (the emitted token
+    /// whose target forward has not run yet, at slot `frontier`).
+    ///
+    /// Returns `None` when `max_tokens` is 0 or the session is unprimed (no
+    /// target hidden reported yet): decode plainly and report the runs.
+    ///
+    /// A head with draft caches first settles the frontier pair with
+    /// `current`, so the flush's last row is the first draft step and needs no
+    /// head call; each later step writes the next draft slot speculatively
+    /// (dropped at the next flush). A cacheless head anchors every step at
+    /// `frontier - 1`. Earlier drafts are penalty history for later rows, as
+    /// in validation.
+    ///
+    /// No step reads the device unless the options use penalties: the
+    /// sampler takes the chain as host tokens, so then each draft is read
+    /// back (one sync per step).
+    pub fn propose(
+        &mut self,
+        current: &Array,
+        max_tokens: usize,
+        sampling: DraftSampling<'_>,
+    ) -> Result<Option<Proposal>> {
+        if max_tokens == 0 || self.frontier_hidden.is_none() {
+            return Ok(None);
+        }
+        let current = one_token(current)?;
+        if self.cached {
+            // Also drops speculative entries of an earlier, unverified proposal.
+            self.settle(&current)?;
+            // A restored prefix with nothing new to pair leaves no held row.
+            if self.held.is_none() {
+                return Ok(None);
+            }
+        }
+        let anchor = self.frontier - 1;
+        let penalised = sampling.options.uses_penalties();
+        let greedy = sampling.options.is_greedy();
+        let mut token = current;
+        let mut hidden = match &self.frontier_hidden {
+            Some(h) => h.array().clone(),
+            None => unreachable!("checked above"),
+        };
+        let mut tokens = Vec::with_capacity(max_tokens);
+        let mut dists = Vec::with_capacity(max_tokens);
+        let mut chain: Vec<u32> = Vec::new();
+        for i in 0..max_tokens {
+            let step = match (&self.held, i) {
+                (Some(held), 0) if self.cached => HeadOutput {
+                    out: held.out.array().clone(),
+                    hidden: held.hidden.array().clone(),
+                },
+                _ => {
+                    let position = if self.cached { anchor + i } else { anchor };
+                    if self.cached {
+                        self.assert_caches_at(position, "before a draft step");
+                    }
+                    let out = self.head.forward(&token, &hidden, position)?;
+                    check_output(&out, 1)?;
+                    out
+                }
+            };
+            let logits = self.head.unembed(&step.out)?;
+            let dist = Distribution::from_logits(&logits, sampling.options, sampling.history, &chain)?;
+            // Greedy rows are one-hot: their argmax is the draw, with no key.
+            let next = if greedy {
+                dist.probs().argmax(-1, false)?
+            } else {
+                dist.sample(&sampling.keys.next_key()?)?
+            };
+            if penalised {
+                chain.push(next.item::<u32>()?);
+            }
+            tokens.push(next.clone());
+            dists.push(dist);
+            token = next;
+            hidden = step.hidden;
+        }
+        Ok(Some(Proposal {
+            tokens: ops::concatenate(&tokens, 0)?,
+            len: max_tokens,
+            dist: Distribution::concatenate(&dists)?,
+        }))
+    }
+}
