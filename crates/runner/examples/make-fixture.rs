@@ -1,0 +1,2 @@
+//! Writes a random-weight checkpoint.
+fn main() {}

@@ -1,0 +1,314 @@
+//! `config.json` and `generation_config.json` of a Hugging Face model folder.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result, read_json};
+
+/// A token id or a list of them (`eos_token_id` is either in the wild).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum TokenIds {
+    /// One id.
+    One(u32),
+    /// Several ids.
+    Many(Vec<u32>),
+}
+
+impl TokenIds {
+    /// The ids as a list.
+    pub fn to_vec(&self) -> Vec<u32> {
+        match self {
+            TokenIds::One(id) => vec![*id],
+            TokenIds::Many(ids) => ids.clone(),
+        }
+    }
+}
+
+/// `rope_scaling` as found in config.json (`type` or `rope_type` names the kind).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct RopeScalingRaw {
+    /// The kind, old spelling.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// The kind, new spelling.
+    pub rope_type: Option<String>,
+    /// Scaling factor.
+    pub factor: Option<f32>,
+    /// Llama 3: low-frequency factor.
+    pub low_freq_factor: Option<f32>,
+    /// Llama 3: high-frequency factor.
+    pub high_freq_factor: Option<f32>,
+    /// Llama 3: the context the base model was trained on.
+    pub original_max_position_embeddings: Option<usize>,
+}
+
+/// How rotary frequencies are scaled.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        /// The divisor.
+        factor: f32,
+    },
+    /// Llama 3.1 style frequency-dependent scaling.
+    Llama3 {
+        /// Scaling factor.
+        factor: f32,
+        /// Low-frequency factor.
+        low_freq_factor: f32,
+        /// High-frequency factor.
+        high_freq_factor: f32,
+        /// Trained context.
+        original_max_position_embeddings: usize,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+struct RawConfig {
+    #[serde(default)]
+    architectures: Vec<String>,
+    #[serde(default)]
+    model_type: String,
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    intermediate_size: usize,
+    #[serde(default = "default_eps")]
+    rms_norm_eps: f32,
+    #[serde(default = "default_theta")]
+    rope_theta: f32,
+    rope_scaling: Option<RopeScalingRaw>,
+    #[serde(default = "default_ctx")]
+    max_position_embeddings: usize,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    attention_bias: Option<bool>,
+    vocab_size: usize,
+    bos_token_id: Option<TokenIds>,
+    eos_token_id: Option<TokenIds>,
+    torch_dtype: Option<String>,
+    mtp_num_hidden_layers: Option<usize>,
+    num_nextn_predict_layers: Option<usize>,
+}
+
+fn default_eps() -> f32 {
+    1e-6
+}
+fn default_theta() -> f32 {
+    10_000.0
+}
+fn default_ctx() -> usize {
+    4096
+}
+
+/// A validated model config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// `architectures[0]` (empty when absent).
+    pub architecture: String,
+    /// `model_type`.
+    pub model_type: String,
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// Decoder layers.
+    pub num_hidden_layers: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// Key/value heads (grouped-query attention); divides `num_attention_heads`.
+    pub num_key_value_heads: usize,
+    /// Per-head width.
+    pub head_dim: usize,
+    /// MLP width.
+    pub intermediate_size: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// RoPE base.
+    pub rope_theta: f32,
+    /// RoPE frequency scaling.
+    pub rope_scaling: RopeScaling,
+    /// Context length.
+    pub max_position_embeddings: usize,
+    /// The unembedding reuses the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// q/k/v projections carry a bias; `None` lets the family decide (Qwen2: yes).
+    pub attention_bias: Option<bool>,
+    /// Rows of the embedding.
+    pub vocab_size: usize,
+    /// Begin-of-sequence ids.
+    pub bos_token_id: Vec<u32>,
+    /// End-of-sequence ids.
+    pub eos_token_id: Vec<u32>,
+    /// The checkpoint's dtype as declared.
+    pub torch_dtype: Option<String>,
+    /// Declared MTP layers (`mtp_num_hidden_layers` or `num_nextn_predict_layers`).
+    pub mtp_layers: usize,
+}
+
+impl ModelConfig {
+    /// Reads `dir/config.json`.
+    pub fn load(dir: &Path) -> Result<ModelConfig> {
+        let path = dir.join("config.json");
+        if !path.is_file() {
+            return Err(Error::MissingFile {
+                path,
+                hint: "a model folder needs the Hugging Face config.json next to its safetensors",
+            });
+        }
+        let raw: RawConfig = read_json(&path)?;
+        Self::from_raw(raw, &path)
+    }
+
+    /// Parses config JSON text; `path` names it in errors.
+    pub fn from_json(text: &str, path: &Path) -> Result<ModelConfig> {
+        let raw: RawConfig = serde_json::from_str(text).map_err(|e| Error::Json {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        Self::from_raw(raw, path)
+    }
+
+    fn from_raw(raw: RawConfig, path: &Path) -> Result<ModelConfig> {
+        let bad = |key: &'static str, message: String| Error::InvalidConfig {
+            path: path.to_owned(),
+            key,
+            message,
+        };
+        for (key, v) in [
+            ("hidden_size", raw.hidden_size),
+            ("num_hidden_layers", raw.num_hidden_layers),
+            ("num_attention_heads", raw.num_attention_heads),
+            ("intermediate_size", raw.intermediate_size),
+            ("vocab_size", raw.vocab_size),
+            ("max_position_embeddings", raw.max_position_embeddings),
+        ] {
+            if v == 0 {
+                return Err(bad(key, "must be positive".into()));
+            }
+        }
+        let heads = raw.num_attention_heads;
+        let kv = raw.num_key_value_heads.unwrap_or(heads);
+        if kv == 0 || heads % kv != 0 {
+            return Err(bad(
+                "num_key_value_heads",
+                format!("{kv} must be positive and divide num_attention_heads ({heads})"),
+            ));
+        }
+        let head_dim = match raw.head_dim {
+            Some(0) => return Err(bad("head_dim", "must be positive".into())),
+            Some(d) => d,
+            None if raw.hidden_size % heads == 0 => raw.hidden_size / heads,
+            None => {
+                return Err(bad(
+                    "head_dim",
+                    format!(
+                        "absent, and hidden_size {} is not a multiple of num_attention_heads {heads}",
+                        raw.hidden_size
+                    ),
+                ));
+            }
+        };
+        if head_dim % 2 != 0 {
+            return Err(bad("head_dim", format!("{head_dim} must be even for RoPE")));
+        }
+        if !(raw.rope_theta > 0.0) {
+            return Err(bad(
+                "rope_theta",
+                format!("{} must be positive", raw.rope_theta),
+            ));
+        }
+        let rope_scaling = match raw.rope_scaling {
+            None => RopeScaling::None,
+            Some(s) => parse_scaling(s, path)?,
+        };
+        Ok(ModelConfig {
+            architecture: raw.architectures.first().cloned().unwrap_or_default(),
+            model_type: raw.model_type,
+            hidden_size: raw.hidden_size,
+            num_hidden_layers: raw.num_hidden_layers,
+            num_attention_heads: heads,
+            num_key_value_heads: kv,
+            head_dim,
+            intermediate_size: raw.intermediate_size,
+            rms_norm_eps: raw.rms_norm_eps,
+            rope_theta: raw.rope_theta,
+            rope_scaling,
+            max_position_embeddings: raw.max_position_embeddings,
+            tie_word_embeddings: raw.tie_word_embeddings,
+            attention_bias: raw.attention_bias,
+            vocab_size: raw.vocab_size,
+            bos_token_id: raw.bos_token_id.map(|t| t.to_vec()).unwrap_or_default(),
+            eos_token_id: raw.eos_token_id.map(|t| t.to_vec()).unwrap_or_default(),
+            torch_dtype: raw.torch_dtype,
+            mtp_layers: raw
+                .mtp_num_hidden_layers
+                .or(raw.num_nextn_predict_layers)
+                .unwrap_or(0),
+        })
+    }
+}
+
+fn parse_scaling(s: RopeScalingRaw, path: &Path) -> Result<RopeScaling> {
+    let bad = |message: String| Error::InvalidConfig {
+        path: path.to_owned(),
+        key: "rope_scaling",
+        message,
+    };
+    let kind = s.rope_type.clone().or(s.kind.clone()).unwrap_or_default();
+    let factor = s.factor.unwrap_or(1.0);
+    if !(factor > 0.0) {
+        return Err(bad(format!("factor {factor} must be positive")));
+    }
+    match kind.as_str() {
+        "default" | "" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear { factor }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor: s.low_freq_factor.unwrap_or(1.0),
+            high_freq_factor: s.high_freq_factor.unwrap_or(4.0),
+            original_max_position_embeddings: s.original_max_position_embeddings.unwrap_or(8192),
+        }),
+        other => Err(bad(format!(
+            "type `{other}` is not supported (supported: linear, llama3)"
+        ))),
+    }
+}
+
+/// Defaults from `generation_config.json` (all optional).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct GenerationConfig {
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Nucleus mass.
+    pub top_p: Option<f32>,
+    /// Top-k.
+    pub top_k: Option<i64>,
+    /// Min-p.
+    pub min_p: Option<f32>,
+    /// Repetition penalty.
+    pub repetition_penalty: Option<f32>,
+    /// Whether the model expects sampling (false means greedy).
+    pub do_sample: Option<bool>,
+    /// End-of-sequence ids overriding config.json's.
+    pub eos_token_id: Option<TokenIds>,
+    /// Begin-of-sequence id.
+    pub bos_token_id: Option<TokenIds>,
+    /// Default generation length.
+    pub max_new_tokens: Option<usize>,
+}
+
+impl GenerationConfig {
+    /// Reads `dir/generation_config.json`; absent means all defaults.
+    pub fn load(dir: &Path) -> Result<GenerationConfig> {
+        let path: PathBuf = dir.join("generation_config.json");
+        if !path.is_file() {
+            return Ok(GenerationConfig::default());
+        }
+        read_json(&path)
+    }
+}

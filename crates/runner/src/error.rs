@@ -1,0 +1,161 @@
+//! The crate's error type: every failure names the file, tensor or option at fault.
+
+use std::path::PathBuf;
+
+/// Errors from loading a model folder, tokenizing, rendering chat and generating.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A file the model folder needs is missing.
+    #[error("{path} not found: {hint}")]
+    MissingFile {
+        /// The file that was looked for.
+        path: PathBuf,
+        /// What the file is for and how to provide it.
+        hint: &'static str,
+    },
+    /// A JSON file did not parse or lacks a required key.
+    #[error("{path}: {message}")]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// serde's message, which names the key and line.
+        message: String,
+    },
+    /// A config value is present but unusable.
+    #[error("{path}: key `{key}`: {message}")]
+    InvalidConfig {
+        /// The file.
+        path: PathBuf,
+        /// The offending key.
+        key: &'static str,
+        /// Why and how to fix it.
+        message: String,
+    },
+    /// No registered family handles this architecture.
+    #[error(
+        "unknown architecture `{architecture}` (model_type `{model_type}`) in config.json; supported: {known}"
+    )]
+    UnknownArchitecture {
+        /// `architectures[0]` from config.json.
+        architecture: String,
+        /// `model_type` from config.json.
+        model_type: String,
+        /// The registered names, comma separated.
+        known: String,
+    },
+    /// A safetensors file has a corrupt or inconsistent header.
+    #[error("{path}: corrupt safetensors file: {message}")]
+    Safetensors {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A tensor the model needs is not in the checkpoint.
+    #[error("tensor `{name}` not found in the checkpoint ({count} tensors present)")]
+    MissingTensor {
+        /// The tensor's name.
+        name: String,
+        /// How many tensors the checkpoint holds.
+        count: usize,
+    },
+    /// A tensor has the wrong shape for the config.
+    #[error("tensor `{name}` has shape {found:?}, config.json implies {expected:?}")]
+    TensorShape {
+        /// The tensor's name.
+        name: String,
+        /// The shape the config implies.
+        expected: Vec<i32>,
+        /// The shape in the file.
+        found: Vec<i32>,
+    },
+    /// A tensor has a dtype the runner cannot compute with.
+    #[error("tensor `{name}` has dtype {dtype}; supported: F32, F16, BF16")]
+    TensorDtype {
+        /// The tensor's name.
+        name: String,
+        /// Its safetensors dtype name.
+        dtype: String,
+    },
+    /// tokenizer.json could not be loaded.
+    #[error("{path}: cannot load tokenizer: {message}")]
+    Tokenizer {
+        /// The file.
+        path: PathBuf,
+        /// The tokenizers crate's message.
+        message: String,
+    },
+    /// The tokenizer produces ids the model has no embedding for.
+    #[error(
+        "tokenizer mismatch: tokenizer.json has {tokenizer} tokens but config.json vocab_size is {model}; ids at or above {model} cannot be embedded"
+    )]
+    VocabMismatch {
+        /// Tokens in tokenizer.json (including added tokens).
+        tokenizer: usize,
+        /// The model's vocab_size.
+        model: usize,
+    },
+    /// Encoding or decoding text failed.
+    #[error("tokenizer: {0}")]
+    Encode(String),
+    /// The model ships no chat template but chat was requested.
+    #[error("{path}: no `chat_template`; this model cannot format chat; pass raw text instead")]
+    NoChatTemplate {
+        /// The tokenizer_config.json looked at (it may not exist).
+        path: PathBuf,
+    },
+    /// The chat template failed to compile or render.
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+    /// The prompt is empty.
+    #[error("the prompt is empty: at least one token is needed")]
+    EmptyPrompt,
+    /// The prompt does not fit the model's context.
+    #[error("prompt has {prompt} tokens but the model's context is {context} tokens")]
+    PromptTooLong {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Context length (max_position_embeddings).
+        context: usize,
+    },
+    /// A generation option is out of range.
+    #[error("invalid option `{option}`: {message}")]
+    InvalidOption {
+        /// The option's name.
+        option: &'static str,
+        /// Why and the accepted range.
+        message: String,
+    },
+    /// MLX failed.
+    #[error(transparent)]
+    Mlx(#[from] mlx_tensor::Error),
+}
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Reads a file, naming it in the error.
+pub(crate) fn read(path: &std::path::Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Parses a JSON file into `T`, naming the file (and serde's key) in the error.
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
+    let bytes = read(path)?;
+    serde_json::from_slice(&bytes).map_err(|e| Error::Json {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })
+}

@@ -1,0 +1,119 @@
+//! The [`Model`] seam and the registry that maps `config.json` to a family.
+
+use mlx_tensor::Array;
+
+use crate::cache::Cache;
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::models::layers::LinearLayout;
+use crate::weights::Weights;
+
+/// A causal language model: hidden states over a run of tokens, and a separate unembedding.
+pub trait Model: std::fmt::Debug {
+    /// Runs `tokens` (`[L]` `u32`, maybe still lazy) at the caches' offset and appends
+    /// them to `caches`. Returns the post-final-norm hidden states `[L, H]`: what
+    /// [`Model::unembed`] turns into logits and what an MTP head conditions on.
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array>;
+
+    /// Logits `[R, V]` for hidden rows `[R, H]`, in f32.
+    fn unembed(&self, hidden: &Array) -> Result<Array>;
+
+    /// One fresh cache per layer.
+    fn new_caches(&self) -> Vec<Box<dyn Cache>>;
+
+    /// The config the model was built from.
+    fn config(&self) -> &ModelConfig;
+
+    /// Rows of the unembedding.
+    fn vocab_size(&self) -> usize {
+        self.config().vocab_size
+    }
+
+    /// End-of-sequence ids from config.json.
+    fn eos_ids(&self) -> &[u32] {
+        &self.config().eos_token_id
+    }
+
+    /// Longest sequence the model handles.
+    fn context_length(&self) -> usize {
+        self.config().max_position_embeddings
+    }
+
+    /// The model's multi-token-prediction head, when it has one that is wired up.
+    ///
+    /// The seam for speculative decoding; no family returns one yet.
+    fn mtp_head(&self) -> Option<&dyn MtpHead> {
+        None
+    }
+}
+
+/// Placeholder for the MTP head the speculative loop will drive (see `mtp-draft`).
+pub trait MtpHead: std::fmt::Debug {
+    /// Depth of the head (draft tokens per forward chain).
+    fn depth(&self) -> usize;
+}
+
+/// Builds a model of one family from its config and weights.
+pub type Build = fn(&ModelConfig, &mut Weights, LinearLayout) -> Result<Box<dyn Model>>;
+
+/// One registered family.
+#[derive(Debug, Clone, Copy)]
+pub struct Family {
+    /// Name for messages and `info`.
+    pub name: &'static str,
+    /// `architectures[0]` values handled.
+    pub architectures: &'static [&'static str],
+    /// `model_type` values handled (used when `architectures` is absent or unknown).
+    pub model_types: &'static [&'static str],
+    /// Constructor.
+    pub build: Build,
+}
+
+/// Every registered family. Adding one is a line here, nothing in the generation loop.
+pub const FAMILIES: &[Family] = &[
+    Family {
+        name: "llama",
+        architectures: &["LlamaForCausalLM"],
+        model_types: &["llama"],
+        build: crate::models::llama::build_llama,
+    },
+    Family {
+        name: "mistral",
+        architectures: &["MistralForCausalLM"],
+        model_types: &["mistral"],
+        build: crate::models::llama::build_llama,
+    },
+    Family {
+        name: "qwen2",
+        architectures: &["Qwen2ForCausalLM"],
+        model_types: &["qwen2"],
+        build: crate::models::llama::build_qwen2,
+    },
+    Family {
+        name: "qwen3",
+        architectures: &["Qwen3ForCausalLM"],
+        model_types: &["qwen3"],
+        build: crate::models::llama::build_qwen3,
+    },
+];
+
+/// The family for `config`: by `architectures[0]`, else by `model_type`.
+pub fn lookup(config: &ModelConfig) -> Result<&'static Family> {
+    FAMILIES
+        .iter()
+        .find(|f| f.architectures.contains(&config.architecture.as_str()))
+        .or_else(|| {
+            FAMILIES
+                .iter()
+                .find(|f| f.model_types.contains(&config.model_type.as_str()))
+        })
+        .ok_or_else(|| Error::UnknownArchitecture {
+            architecture: config.architecture.clone(),
+            model_type: config.model_type.clone(),
+            known: FAMILIES
+                .iter()
+                .flat_map(|f| f.architectures.iter().copied())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}

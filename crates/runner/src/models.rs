@@ -1,0 +1,5 @@
+//! Model families and their shared layers.
+
+pub mod layers;
+pub mod llama;
+pub mod rope;

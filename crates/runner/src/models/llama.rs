@@ -1,0 +1,264 @@
+//! The Llama family: Llama 2/3, Mistral, Qwen2/2.5 (q/k/v bias), Qwen3 (q/k RMSNorm).
+
+use mlx_tensor::{Array, fast};
+
+use crate::cache::{Cache, KvCache};
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::model::Model;
+use crate::models::layers::{Linear, LinearLayout, Mlp, RmsNorm};
+use crate::models::rope::Rope;
+use crate::weights::Weights;
+
+/// What distinguishes the members of the family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Variant {
+    /// q/k/v projections carry a bias (Qwen2).
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3).
+    pub qk_norm: bool,
+}
+
+/// Builds Llama or Mistral (`attention_bias` puts a bias on q/k/v/o).
+pub fn build_llama(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
+    let v = Variant {
+        qkv_bias: false,
+        qk_norm: false,
+    };
+    Ok(Box::new(Llama::load(c, w, v, l)?))
+}
+
+/// Builds Qwen2 / Qwen2.5.
+pub fn build_qwen2(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
+    let v = Variant {
+        qkv_bias: true,
+        qk_norm: false,
+    };
+    Ok(Box::new(Llama::load(c, w, v, l)?))
+}
+
+/// Builds Qwen3.
+pub fn build_qwen3(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
+    let v = Variant {
+        qkv_bias: false,
+        qk_norm: true,
+    };
+    Ok(Box::new(Llama::load(c, w, v, l)?))
+}
+
+#[derive(Debug)]
+struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    scale: f32,
+}
+
+impl Attention {
+    fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
+        let l = x.dim(1);
+        let offset = cache.offset();
+        let split = |y: Array, heads: i32, norm: &Option<RmsNorm>| -> Result<Array> {
+            let y = y.reshape(&[1, l, heads, self.head_dim])?;
+            let y = match norm {
+                Some(n) => n.forward(&y)?,
+                None => y,
+            };
+            Ok(y.transpose(&[0, 2, 1, 3])?)
+        };
+        let q = split(self.q.forward(x)?, self.heads, &self.q_norm)?;
+        let k = split(self.k.forward(x)?, self.kv_heads, &self.k_norm)?;
+        let v = split(self.v.forward(x)?, self.kv_heads, &None)?;
+        let q = rope.forward(&q, offset)?;
+        let k = rope.forward(&k, offset)?;
+        let (keys, values) = cache.update_and_fetch(&k, &v)?;
+        // MLX's causal mask is aligned at the end, so a chunk at offset > 0 sees the whole prefix.
+        let mask = if l > 1 {
+            fast::Mask::Causal
+        } else {
+            fast::Mask::None
+        };
+        let o = fast::scaled_dot_product_attention(&q, &keys, &values, self.scale, mask)?;
+        let o = o
+            .transpose(&[0, 2, 1, 3])?
+            .reshape(&[1, l, self.heads * self.head_dim])?;
+        self.o.forward(&o)
+    }
+
+    fn arrays(&self) -> Vec<Array> {
+        [&self.q, &self.k, &self.v, &self.o]
+            .iter()
+            .flat_map(|l| l.arrays())
+            .collect()
+    }
+}
+
+#[derive(Debug)]
+struct Layer {
+    input_norm: RmsNorm,
+    attn: Attention,
+    post_norm: RmsNorm,
+    mlp: Mlp,
+}
+
+/// A Llama-family decoder.
+#[derive(Debug)]
+pub struct Llama {
+    config: ModelConfig,
+    embed: Array,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    /// `[H, V]`: the transposed view of `lm_head.weight`, or of the embedding when tied.
+    lm_head: Linear,
+    rope: Rope,
+}
+
+impl Llama {
+    /// Takes the family's tensors out of `w`, checking every shape against `c`.
+    pub fn load(
+        c: &ModelConfig,
+        w: &mut Weights,
+        variant: Variant,
+        layout: LinearLayout,
+    ) -> Result<Llama> {
+        let h = c.hidden_size;
+        let d = c.head_dim;
+        let (nq, nkv) = (c.num_attention_heads, c.num_key_value_heads);
+        let eps = c.rms_norm_eps;
+        let embed = w.take(
+            "model.embed_tokens.weight",
+            &[c.vocab_size as i32, h as i32],
+        )?;
+        let bias_all = c.attention_bias.unwrap_or(false);
+        let qkv_bias = variant.qkv_bias || bias_all;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for i in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let (q_norm, k_norm) = if variant.qk_norm {
+                (
+                    Some(RmsNorm::load(w, &format!("{a}.q_norm.weight"), d, eps)?),
+                    Some(RmsNorm::load(w, &format!("{a}.k_norm.weight"), d, eps)?),
+                )
+            } else {
+                (None, None)
+            };
+            let attn = Attention {
+                q: Linear::load(w, &format!("{a}.q_proj"), h, nq * d, qkv_bias, layout)?,
+                k: Linear::load(w, &format!("{a}.k_proj"), h, nkv * d, qkv_bias, layout)?,
+                v: Linear::load(w, &format!("{a}.v_proj"), h, nkv * d, qkv_bias, layout)?,
+                o: Linear::load(w, &format!("{a}.o_proj"), nq * d, h, bias_all, layout)?,
+                q_norm,
+                k_norm,
+                heads: nq as i32,
+                kv_heads: nkv as i32,
+                head_dim: d as i32,
+                scale: 1.0 / (d as f32).sqrt(),
+            };
+            layers.push(Layer {
+                input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm.weight"), h, eps)?,
+                attn,
+                post_norm: RmsNorm::load(
+                    w,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    h,
+                    eps,
+                )?,
+                mlp: Mlp::load(w, &format!("{p}.mlp"), h, c.intermediate_size, layout)?,
+            });
+        }
+        let norm = RmsNorm::load(w, "model.norm.weight", h, eps)?;
+        let lm_head = if c.tie_word_embeddings {
+            // A checkpoint may carry a redundant copy; the embedding is authoritative.
+            let _ = w.take_optional("lm_head.weight", &[c.vocab_size as i32, h as i32])?;
+            Linear::from_weight(&embed, None, layout)?
+        } else {
+            Linear::load(w, "lm_head", h, c.vocab_size, false, layout)?
+        };
+        let rope = Rope::new(d, c.rope_theta, &c.rope_scaling)?;
+        let left = w.remaining();
+        let unknown: Vec<&String> = left
+            .iter()
+            .filter(|n| !n.starts_with("mtp.") && !n.contains("rotary_emb.inv_freq"))
+            .collect();
+        if !unknown.is_empty() {
+            tracing::warn!(count = unknown.len(), first = %unknown[0], "unused tensors in checkpoint");
+        }
+        let m = Llama {
+            config: c.clone(),
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope,
+        };
+        mlx_tensor::eval(&m.arrays())?;
+        Ok(m)
+    }
+
+    fn arrays(&self) -> Vec<Array> {
+        let mut v = vec![self.embed.clone()];
+        for l in &self.layers {
+            v.extend(l.attn.arrays());
+            v.extend(l.mlp.arrays());
+        }
+        v.extend(self.lm_head.arrays());
+        v.extend(self.rope.arrays());
+        v
+    }
+}
+
+impl Model for Llama {
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array> {
+        assert_eq!(
+            caches.len(),
+            self.layers.len(),
+            "caches ({}) must match layers ({})",
+            caches.len(),
+            self.layers.len()
+        );
+        let l = tokens.dim(0);
+        let mut x = self
+            .embed
+            .take(tokens, 0)?
+            .reshape(&[1, l, self.config.hidden_size as i32])?;
+        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+            let a =
+                layer
+                    .attn
+                    .forward(&layer.input_norm.forward(&x)?, cache.as_mut(), &self.rope)?;
+            let h = x.add(&a)?;
+            let m = layer.mlp.forward(&layer.post_norm.forward(&h)?)?;
+            x = h.add(&m)?;
+        }
+        Ok(self
+            .norm
+            .forward(&x)?
+            .reshape(&[l, self.config.hidden_size as i32])?)
+    }
+
+    fn unembed(&self, hidden: &Array) -> Result<Array> {
+        let logits = self.lm_head.forward(hidden)?;
+        Ok(if logits.dtype() == mlx_tensor::Dtype::Float32 {
+            logits
+        } else {
+            logits.as_type(mlx_tensor::Dtype::Float32)?
+        })
+    }
+
+    fn new_caches(&self) -> Vec<Box<dyn Cache>> {
+        (0..self.layers.len())
+            .map(|_| Box::new(KvCache::new()) as Box<dyn Cache>)
+            .collect()
+    }
+
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+}

@@ -1,0 +1,201 @@
+//! The model's tokenizer (`tokenizer.json`) with its special tokens and chat template.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::config::{GenerationConfig, ModelConfig};
+use crate::error::{Error, Result, read_json};
+
+/// A special token as written in tokenizer_config.json: a string or `{"content": ...}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum SpecialToken {
+    Text(String),
+    Object { content: String },
+}
+
+impl SpecialToken {
+    fn text(&self) -> &str {
+        match self {
+            SpecialToken::Text(s) => s,
+            SpecialToken::Object { content } => content,
+        }
+    }
+}
+
+/// A chat template: one string, or named variants (`default` is used).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum Template {
+    One(String),
+    Named(Vec<NamedTemplate>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct NamedTemplate {
+    name: String,
+    template: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct TokenizerConfig {
+    bos_token: Option<SpecialToken>,
+    eos_token: Option<SpecialToken>,
+    pad_token: Option<SpecialToken>,
+    chat_template: Option<Template>,
+}
+
+/// A loaded tokenizer with the ids generation needs.
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    bos: Option<(u32, String)>,
+    eos_ids: Vec<u32>,
+    eos_text: Option<String>,
+    pad: Option<u32>,
+    chat_template: Option<String>,
+    config_path: PathBuf,
+}
+
+impl Tokenizer {
+    /// Loads `dir/tokenizer.json` and `dir/tokenizer_config.json` (optional), taking
+    /// end-of-sequence ids from generation_config, then config.json, then the tokenizer config.
+    pub fn load(dir: &Path, config: &ModelConfig, gen_cfg: &GenerationConfig) -> Result<Tokenizer> {
+        let path = dir.join("tokenizer.json");
+        if !path.is_file() {
+            return Err(Error::MissingFile {
+                path,
+                hint: "the model folder needs a Hugging Face tokenizer.json",
+            });
+        }
+        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| Error::Tokenizer {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        let config_path = dir.join("tokenizer_config.json");
+        let tc: TokenizerConfig = if config_path.is_file() {
+            read_json(&config_path)?
+        } else {
+            TokenizerConfig::default()
+        };
+        let n = inner.get_vocab_size(true);
+        if n > config.vocab_size {
+            return Err(Error::VocabMismatch {
+                tokenizer: n,
+                model: config.vocab_size,
+            });
+        }
+        let id = |t: &Option<SpecialToken>| {
+            t.as_ref().and_then(|t| {
+                inner
+                    .token_to_id(t.text())
+                    .map(|id| (id, t.text().to_owned()))
+            })
+        };
+        let bos = id(&tc.bos_token).or_else(|| {
+            let b = *config.bos_token_id.first()?;
+            Some((b, inner.id_to_token(b)?))
+        });
+        let mut eos_ids: Vec<u32> = gen_cfg
+            .eos_token_id
+            .as_ref()
+            .map(|t| t.to_vec())
+            .unwrap_or_default();
+        for &e in &config.eos_token_id {
+            if !eos_ids.contains(&e) {
+                eos_ids.push(e);
+            }
+        }
+        if let Some((e, _)) = id(&tc.eos_token)
+            && !eos_ids.contains(&e)
+        {
+            eos_ids.push(e);
+        }
+        let chat_template = tc.chat_template.and_then(|t| match t {
+            Template::One(s) => Some(s),
+            Template::Named(v) => v
+                .iter()
+                .find(|t| t.name == "default")
+                .or(v.first())
+                .map(|t| t.template.clone()),
+        });
+        Ok(Tokenizer {
+            bos,
+            eos_text: tc.eos_token.as_ref().map(|t| t.text().to_owned()),
+            eos_ids,
+            pad: id(&tc.pad_token).map(|(i, _)| i),
+            chat_template,
+            config_path,
+            inner,
+        })
+    }
+
+    /// Wraps a tokenizer built in memory (tests).
+    pub fn from_tokenizer(inner: tokenizers::Tokenizer, eos_ids: Vec<u32>) -> Tokenizer {
+        Tokenizer {
+            inner,
+            bos: None,
+            eos_ids,
+            eos_text: None,
+            pad: None,
+            chat_template: None,
+            config_path: PathBuf::from("tokenizer_config.json"),
+        }
+    }
+
+    /// Token ids of `text`; `special` adds the template's special tokens (BOS).
+    pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, special)
+            .map_err(|e| Error::Encode(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of `ids`, skipping special tokens.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| Error::Encode(e.to_string()))
+    }
+
+    /// Tokens in the vocabulary, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// End-of-sequence ids.
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
+    /// Begin-of-sequence id and text.
+    pub fn bos(&self) -> Option<(u32, &str)> {
+        self.bos.as_ref().map(|(i, s)| (*i, s.as_str()))
+    }
+
+    /// End-of-sequence text (for chat templates).
+    pub fn eos_text(&self) -> Option<&str> {
+        self.eos_text.as_deref()
+    }
+
+    /// Padding id.
+    pub fn pad(&self) -> Option<u32> {
+        self.pad
+    }
+
+    /// The chat template, or an error naming tokenizer_config.json.
+    pub fn chat_template(&self) -> Result<&str> {
+        self.chat_template
+            .as_deref()
+            .ok_or_else(|| Error::NoChatTemplate {
+                path: self.config_path.clone(),
+            })
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}

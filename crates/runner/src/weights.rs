@@ -1,0 +1,257 @@
+//! Safetensors checkpoints: header validation, (sharded) loading, typed lookup.
+//!
+//! Every file's header is checked here before MLX sees it, so a corrupt or
+//! lying header becomes an error naming the file instead of a crash or an
+//! allocation of whatever size the header claims.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use mlx_tensor::{Array, Dtype};
+use serde::Deserialize;
+
+use crate::error::{Error, Result, read_json};
+
+/// The largest header accepted (the same limit as the `safetensors` crate).
+const MAX_HEADER: u64 = 100_000_000;
+
+/// A header entry: what one file says about one tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorEntry {
+    /// Safetensors dtype name (`BF16`, `F32`, ...).
+    pub dtype: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+}
+
+/// Validates one file's header against the file length; returns its tensors.
+pub fn validate_header(path: &Path) -> Result<BTreeMap<String, TensorEntry>> {
+    let corrupt = |message: String| Error::Safetensors {
+        path: path.to_owned(),
+        message,
+    };
+    let io = |source| Error::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    let mut n_bytes = [0u8; 8];
+    if len < 8 {
+        return Err(corrupt(format!(
+            "file is {len} bytes, shorter than the 8-byte header length"
+        )));
+    }
+    file.read_exact(&mut n_bytes).map_err(io)?;
+    let n = u64::from_le_bytes(n_bytes);
+    if n > MAX_HEADER || n > len - 8 {
+        return Err(corrupt(format!(
+            "header claims {n} bytes but the file has {} after the length field",
+            len - 8
+        )));
+    }
+    let mut header = vec![0u8; n as usize];
+    file.read_exact(&mut header).map_err(io)?;
+    let text =
+        std::str::from_utf8(&header).map_err(|e| corrupt(format!("header is not UTF-8: {e}")))?;
+    let meta: safetensors::tensor::Metadata =
+        serde_json::from_str(text).map_err(|e| corrupt(format!("header: {e}")))?;
+    let data_len = len - 8 - n;
+    let mut out = BTreeMap::new();
+    let mut end = 0usize;
+    for (name, info) in meta.tensors() {
+        end = end.max(info.data_offsets.1);
+        out.insert(
+            name,
+            TensorEntry {
+                dtype: format!("{:?}", info.dtype),
+                shape: info.shape.clone(),
+            },
+        );
+    }
+    if end as u64 != data_len {
+        return Err(corrupt(format!(
+            "header describes {end} data bytes but the file holds {data_len}"
+        )));
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Deserialize)]
+struct Index {
+    weight_map: BTreeMap<String, String>,
+}
+
+/// The safetensors files of a model folder, in load order.
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        let idx: Index = read_json(&index)?;
+        let files: BTreeSet<&String> = idx.weight_map.values().collect();
+        let files: Vec<PathBuf> = files.into_iter().map(|f| dir.join(f)).collect();
+        for f in &files {
+            if !f.is_file() {
+                return Err(Error::MissingFile {
+                    path: f.clone(),
+                    hint: "listed in model.safetensors.index.json; download every shard",
+                });
+            }
+        }
+        return Ok(files);
+    }
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|source| Error::Io {
+            path: dir.to_owned(),
+            source,
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    found.sort();
+    if found.is_empty() {
+        return Err(Error::MissingFile {
+            path: single,
+            hint: "no *.safetensors weights in the model folder",
+        });
+    }
+    Ok(found)
+}
+
+/// The tensors of a checkpoint, converted to the compute dtype, taken by name.
+#[derive(Debug)]
+pub struct Weights {
+    tensors: HashMap<String, Array>,
+    /// Tensors per source dtype name, for `info`.
+    source_dtypes: BTreeMap<String, usize>,
+    /// Elements per tensor name (all tensors, including ones never taken).
+    elements: BTreeMap<String, usize>,
+    dtype: Dtype,
+}
+
+impl Weights {
+    /// Validates and loads every file of `dir`, converting floats to `dtype`.
+    ///
+    /// `progress(done, total)` is called after each file is materialised.
+    pub fn load(
+        dir: &Path,
+        dtype: Dtype,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<Weights> {
+        let files = weight_files(dir)?;
+        let mut w = Weights {
+            tensors: HashMap::new(),
+            source_dtypes: BTreeMap::new(),
+            elements: BTreeMap::new(),
+            dtype,
+        };
+        for (i, path) in files.iter().enumerate() {
+            let entries = validate_header(path)?;
+            for (name, e) in &entries {
+                if !matches!(e.dtype.as_str(), "F32" | "F16" | "BF16") {
+                    return Err(Error::TensorDtype {
+                        name: name.clone(),
+                        dtype: e.dtype.clone(),
+                    });
+                }
+                *w.source_dtypes.entry(e.dtype.clone()).or_default() += 1;
+                w.elements
+                    .insert(name.clone(), e.shape.iter().product::<usize>());
+            }
+            let file = mlx_tensor::io::load_safetensors(path)?;
+            let mut converted = Vec::with_capacity(file.tensors.len());
+            for (name, a) in file.tensors {
+                let a = if a.dtype() == dtype {
+                    a
+                } else {
+                    a.as_type(dtype)?
+                };
+                converted.push(a.clone());
+                w.tensors.insert(name, a);
+            }
+            mlx_tensor::eval(&converted)?;
+            progress(i + 1, files.len());
+        }
+        Ok(w)
+    }
+
+    /// Wraps in-memory tensors (tests and checkpoint writers).
+    pub fn from_map(tensors: HashMap<String, Array>, dtype: Dtype) -> Weights {
+        let elements = tensors.iter().map(|(k, v)| (k.clone(), v.size())).collect();
+        let mut source_dtypes = BTreeMap::new();
+        for a in tensors.values() {
+            *source_dtypes
+                .entry(a.dtype().safetensors_name().to_owned())
+                .or_default() += 1;
+        }
+        Weights {
+            tensors,
+            source_dtypes,
+            elements,
+            dtype,
+        }
+    }
+
+    /// The compute dtype.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// True when `name` is present (and not yet taken).
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Removes and returns `name`, checking its shape.
+    pub fn take(&mut self, name: &str, expected: &[i32]) -> Result<Array> {
+        match self.take_optional(name, expected)? {
+            Some(a) => Ok(a),
+            None => Err(Error::MissingTensor {
+                name: name.to_owned(),
+                count: self.elements.len(),
+            }),
+        }
+    }
+
+    /// Like [`Weights::take`], but absence is `Ok(None)`.
+    pub fn take_optional(&mut self, name: &str, expected: &[i32]) -> Result<Option<Array>> {
+        let Some(a) = self.tensors.remove(name) else {
+            return Ok(None);
+        };
+        let found = a.shape().to_vec();
+        if found != expected {
+            return Err(Error::TensorShape {
+                name: name.to_owned(),
+                expected: expected.to_vec(),
+                found,
+            });
+        }
+        Ok(Some(a))
+    }
+
+    /// Names not taken yet, sorted.
+    pub fn remaining(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.tensors.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Names of every tensor in the checkpoint, sorted.
+    pub fn all_names(&self) -> impl Iterator<Item = &str> {
+        self.elements.keys().map(String::as_str)
+    }
+
+    /// Total elements over all tensors in the checkpoint.
+    pub fn parameter_count(&self) -> usize {
+        self.elements.values().sum()
+    }
+
+    /// Tensor counts by source dtype name.
+    pub fn source_dtypes(&self) -> &BTreeMap<String, usize> {
+        &self.source_dtypes
+    }
+}

@@ -1,0 +1,35 @@
+//! Shared helpers: random-weight fixtures in temporary folders.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use runner::testing::{Arch, Fixture, write_checkpoint};
+use runner::{LoadOptions, LoadedModel};
+
+/// Writes `fx` into a fresh temporary folder.
+pub fn write(fx: &Fixture, seed: u64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    write_checkpoint(dir.path(), fx, seed).expect("fixture writes");
+    dir
+}
+
+/// Loads a model folder with default options.
+pub fn load(dir: &Path) -> LoadedModel {
+    runner::load(dir, LoadOptions::default(), |_, _| {}).expect("fixture loads")
+}
+
+/// A loaded fixture of `arch` (the folder lives as long as the returned guard).
+pub fn fixture(arch: Arch) -> (tempfile::TempDir, LoadedModel) {
+    let dir = write(&Fixture::new(arch), 7);
+    let m = load(dir.path());
+    (dir, m)
+}
+
+/// Largest absolute difference of two equal-length slices.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "lengths differ");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
