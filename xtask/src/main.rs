@@ -1,4 +1,67 @@
-//! `cargo xtask`: the one entry point for CI checks, benchmarks and fixtures.
-fn main() -> anyhow::Result<()> {
-    Ok(())
+//! `cargo xtask`: the one entry point for CI checks, benchmarks, fixtures and set-up.
+//!
+//! xtask builds no MLX code itself: it drives `cargo`, `apt-get` and the Python
+//! scripts under `xtask/train/`. Its output is its interface, so it prints.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+mod bench;
+mod ci;
+mod cmd;
+mod deps;
+mod python;
+mod setup;
+
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [args]
+
+commands:
+  ci                 fmt check, clippy -D warnings, dependency-graph check, all tests
+  deps               check the crate graph against docs/ARCHITECTURE.md alone
+  bench <suite>      run a benchmark suite (JSON lines on stdout); `bench list` lists them
+  setup [--python]   install missing system prerequisites (OpenBLAS); --python also makes
+                     the reference-tools venv
+  train-tiny [...]   python3 xtask/train/train.py [...]
+  ref-check [...]    python3 xtask/train/ref_check.py [...]
+";
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` prints the context chain on one line; no backtrace noise.
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (command, rest) = match args.split_first() {
+        Some((c, rest)) => (c.as_str(), rest),
+        None => {
+            eprint!("{USAGE}");
+            bail!("no command given");
+        }
+    };
+    match command {
+        "ci" => ci::run(rest),
+        "deps" => deps::run(),
+        "bench" => bench::run(rest),
+        "setup" => setup::run(rest),
+        "train-tiny" => python::run_script("train.py", rest),
+        "ref-check" => python::run_script("ref_check.py", rest),
+        "help" | "-h" | "--help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => {
+            eprint!("{USAGE}");
+            bail!("unknown command `{other}`")
+        }
+    }
 }

@@ -347,7 +347,8 @@ namespace {
 // A dynamic initializer is never garbage-collected by the linker, so this
 // reference keeps libopenblas.so.0 a direct dependency of every binary that
 // links the shim (see build.rs for why that matters).
-const std::string kBlasConfig = std::string("OpenBLAS ") + openblas_get_config();
+// openblas_get_config() already starts with "OpenBLAS <version>".
+const std::string kBlasConfig = openblas_get_config();
 }  // namespace
 rust::String blas_info() { return rust::String(kBlasConfig); }
 #else

@@ -1,0 +1,107 @@
+//! GEMM micro-benchmark: `x[m, k] @ w[k, n]` for m = 1, 4, 8 in f32 and bf16, one JSON object per line.
+//!
+//! This is the cost of verifying several draft tokens at once: with a good
+//! BLAS, m = 8 costs little more than m = 1. Weights are evaluated before
+//! timing; each round builds the product, evaluates it and waits (so the
+//! figure includes one eval round trip, as a decode step pays it); the median
+//! of the rounds is printed.
+//!
+//! Run with `cargo xtask bench gemm` (a release build), or
+//! `cargo run --release -p mlx-tensor --example gemm -- [--rounds N] [--k K] [--n N] [--m 1,4,8] [--dtypes f32,bf16]`.
+
+use std::io::Write;
+use std::time::Instant;
+
+use mlx_tensor::{Dtype, Result, random};
+
+struct Options {
+    rounds: usize,
+    k: i32,
+    n: i32,
+    ms: Vec<i32>,
+    dtypes: Vec<Dtype>,
+}
+
+fn parse() -> std::result::Result<Options, String> {
+    let mut o = Options {
+        rounds: 15,
+        k: 2048,
+        n: 2048,
+        ms: vec![1, 4, 8],
+        dtypes: vec![Dtype::Float32, Dtype::Bfloat16],
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or(format!("{flag} needs a value"))?;
+        let int = |v: &str| v.parse::<i32>().map_err(|e| format!("{flag} {v}: {e}"));
+        match flag.as_str() {
+            "--rounds" => o.rounds = int(&value)?.max(1) as usize,
+            "--k" => o.k = int(&value)?,
+            "--n" => o.n = int(&value)?,
+            "--m" => o.ms = value.split(',').map(int).collect::<std::result::Result<_, _>>()?,
+            "--dtypes" => {
+                o.dtypes = value
+                    .split(',')
+                    .map(|d| match d {
+                        "f32" => Ok(Dtype::Float32),
+                        "bf16" => Ok(Dtype::Bfloat16),
+                        "f16" => Ok(Dtype::Float16),
+                        other => Err(format!("unknown dtype {other} (use f32, bf16 or f16)")),
+                    })
+                    .collect::<std::result::Result<_, _>>()?
+            }
+            other => return Err(format!("unknown option {other}; options: --rounds --k --n --m --dtypes")),
+        }
+    }
+    Ok(o)
+}
+
+fn name(d: Dtype) -> &'static str {
+    match d {
+        Dtype::Bfloat16 => "bf16",
+        Dtype::Float16 => "f16",
+        _ => "f32",
+    }
+}
+
+fn main() -> Result<()> {
+    let o = match parse() {
+        Ok(o) => o,
+        Err(msg) => {
+            let _ = writeln!(std::io::stderr(), "gemm: {msg}");
+            std::process::exit(2);
+        }
+    };
+    let _ = writeln!(std::io::stderr(), "gemm: MLX {} with {}", mlx_tensor::mlx_version(), mlx_tensor::blas_info());
+    let mut out = std::io::stdout().lock();
+    let key = random::key(0)?;
+    for &dtype in &o.dtypes {
+        let w = random::normal(&[o.k, o.n], Dtype::Float32, &key)?.as_type(dtype)?;
+        w.eval()?;
+        for &m in &o.ms {
+            let x = random::normal(&[m, o.k], Dtype::Float32, &random::key(m as u64)?)?.as_type(dtype)?;
+            x.eval()?;
+            // Two warm-up rounds: first-touch allocations and BLAS thread start-up.
+            for _ in 0..2 {
+                x.matmul(&w)?.eval()?;
+            }
+            let mut times: Vec<f64> = (0..o.rounds)
+                .map(|_| {
+                    let t = Instant::now();
+                    x.matmul(&w)?.eval()?;
+                    Ok(t.elapsed().as_secs_f64() * 1e6)
+                })
+                .collect::<Result<_>>()?;
+            times.sort_by(f64::total_cmp);
+            let us = times[times.len() / 2];
+            let line = format!(
+                r#"{{"bench":"gemm","dtype":"{}","m":{m},"k":{},"n":{},"us":{us:.1}}}"#,
+                name(dtype),
+                o.k,
+                o.n
+            );
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,65 @@
+//! Running child processes from the workspace root, with the step named in every error.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+/// The workspace root (the parent of `xtask/`).
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+/// `cargo` as the one running xtask (respects `$CARGO`), started in the workspace root.
+pub fn cargo() -> Command {
+    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+/// Runs `cmd` to completion with inherited output; fails naming `what` when it fails.
+pub fn run(what: &str, cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: {what}: {}", show(cmd));
+    let start = Instant::now();
+    let status = cmd
+        .status()
+        .with_context(|| format!("{what}: cannot start `{}`", show(cmd)))?;
+    eprintln!(
+        "xtask: {what}: {status} in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    if !status.success() {
+        bail!("{what} failed ({status}): `{}`", show(cmd));
+    }
+    Ok(())
+}
+
+/// Runs `cmd` and returns its stdout; fails with its stderr when it fails.
+pub fn output(what: &str, cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("{what}: cannot start `{}`", show(cmd)))?;
+    if !out.status.success() {
+        bail!(
+            "{what} failed ({}): `{}`\n{}",
+            out.status,
+            show(cmd),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8(out.stdout).with_context(|| format!("{what}: output is not UTF-8"))
+}
+
+/// The command line, for messages.
+fn show(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
