@@ -278,6 +278,8 @@ impl Cache for RotatingKvCache {
                 check_fits("values", v, values)?;
                 Some((self.gather(k, keys)?, self.gather(v, values)?))
             }
+            // Nothing written yet: the new positions are all there is to see.
+            (Layout::Gathered, _, _) => Some((keys.clone(), values.clone())),
             _ => None,
         };
         self.write(keys, values, o)?;
