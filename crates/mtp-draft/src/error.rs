@@ -32,7 +32,9 @@ pub enum Error {
         expected: &'static str,
     },
     /// A head returned rows that do not match its input.
-    #[error("draft head returned {what} with shape {shape:?} for {rows} input rows; expected {expected}")]
+    #[error(
+        "draft head returned {what} with shape {shape:?} for {rows} input rows; expected {expected}"
+    )]
     HeadOutput {
         /// Which output.
         what: &'static str,

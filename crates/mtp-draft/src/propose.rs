@@ -3,9 +3,9 @@
 use mlx_tensor::{Array, ops};
 use sampler::{Distribution, History, KeyStream, Options};
 
+use crate::Result;
 use crate::head::{DraftHead, HeadOutput};
 use crate::session::{DraftSession, check_output, one_token};
-use crate::Result;
 
 /// What a proposal samples with: the request's options and penalty history,
 /// and the key stream its draws come from.
@@ -94,7 +94,8 @@ impl<H: DraftHead> DraftSession<'_, H> {
                 }
             };
             let logits = self.head.unembed(&step.out)?;
-            let dist = Distribution::from_logits(&logits, sampling.options, sampling.history, &chain)?;
+            let dist =
+                Distribution::from_logits(&logits, sampling.options, sampling.history, &chain)?;
             // Greedy rows are one-hot: their argmax is the draw, with no key.
             let next = if greedy {
                 dist.probs().argmax(-1, false)?

@@ -221,7 +221,10 @@ impl<'d, H: DraftHead> DraftSession<'d, H> {
             );
             if at > to {
                 let rewound = cache.restore(None, to)?;
-                assert!(rewound, "mtp-draft: draft cache {i} could not rewind from {at} to {to}");
+                assert!(
+                    rewound,
+                    "mtp-draft: draft cache {i} could not rewind from {at} to {to}"
+                );
             }
         }
         Ok(())

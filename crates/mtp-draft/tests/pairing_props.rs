@@ -13,7 +13,11 @@ enum Op {
     /// A parked plain step.
     Plain,
     /// A round of depth `k` with `accepted` drafts passing, then `next`.
-    Round { k: usize, accepted: usize, next: u32 },
+    Round {
+        k: usize,
+        accepted: usize,
+        next: u32,
+    },
     /// An explicit flush.
     Flush,
 }
@@ -28,7 +32,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     #[test]
     fn pairing_never_leaves_a_gap(

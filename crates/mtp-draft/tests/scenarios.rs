@@ -39,7 +39,11 @@ fn greedy_accept_all_drafts_and_bonus() {
     sim.finish(s);
     let log = log.borrow();
     assert_eq!(log.calls[3], call(3, &[5, 6, 7, 8], &[3, 4, 5, 6]));
-    assert_eq!(drafter.head().cache_offset(), Some(sim.pos), "level with the target");
+    assert_eq!(
+        drafter.head().cache_offset(),
+        Some(sim.pos),
+        "level with the target"
+    );
     sim.assert_paired(&log.stream, sim.pos);
 }
 
@@ -53,7 +57,11 @@ fn mismatch_rebuilds_the_rejected_slots_from_target_hiddens() {
 
     let round = sim.round(&mut s, 3).expect("proposal");
     assert_eq!(round.drafts, [5, 6, 7]);
-    assert_eq!(round.emitted, [5, 20], "the target's own token at the rejection");
+    assert_eq!(
+        round.emitted,
+        [5, 20],
+        "the target's own token at the rejection"
+    );
     assert_eq!((round.accepted, sim.pos), (1, 5));
     // Speculative slots 3 and 4 hold the head's own hiddens until the next flush.
     assert_eq!(log.borrow().stream[3..], [(5, OWN), (6, OWN)]);
@@ -87,14 +95,21 @@ fn eos_inside_the_draft_is_emitted_but_not_committed() {
     assert_eq!((round.accepted, round.kept), (2, 1));
     assert_eq!(round.emitted, [5, 6], "no bonus after an EOS");
     assert!(sim.done);
-    assert_eq!(sim.pos, 5, "the EOS sits at 5, one past the committed state");
+    assert_eq!(
+        sim.pos, 5,
+        "the EOS sits at 5, one past the committed state"
+    );
     assert_eq!(s.frontier(), 5);
 
     sim.finish(s);
     let log = log.borrow();
     assert_eq!(log.calls.last(), Some(&call(3, &[5, 6], &[3, 4])));
     assert_eq!(drafter.head().cache_offset(), Some(5));
-    assert_eq!(log.stream[4], (6, 4), "the boundary pair holds the EOS look-ahead");
+    assert_eq!(
+        log.stream[4],
+        (6, 4),
+        "the boundary pair holds the EOS look-ahead"
+    );
     sim.assert_paired(&log.stream, 5);
 }
 
@@ -128,7 +143,10 @@ fn unprimed_drafter_proposes_nothing_until_a_plain_step() {
     sim.plain(&mut s);
     let round = sim.round(&mut s, 2).expect("primed by the plain step");
     assert_eq!(round.emitted, [11, 12, 13]);
-    assert_eq!(log.borrow().calls[..2], [call(0, &[10], &[0]), call(1, &[11], &[OWN])]);
+    assert_eq!(
+        log.borrow().calls[..2],
+        [call(0, &[10], &[0]), call(1, &[11], &[OWN])]
+    );
     sim.finish(s);
     sim.assert_paired(&log.borrow().stream, sim.pos);
 
@@ -152,7 +170,10 @@ fn committed_run_past_the_flush_cap_flushes_inside_committed() {
         assert_eq!((log.calls[0].position, log.calls[0].tokens.len()), (0, 599));
     }
     assert_eq!((s.pending(), s.committed_offset()), (0, 599));
-    assert!(mlx_tensor::live_pins() <= 3, "frontier hidden and held row only");
+    assert!(
+        mlx_tensor::live_pins() <= 3,
+        "frontier hidden and held row only"
+    );
 
     // Single-token runs buffer until the cap, then flush as one forward.
     for _ in 0..300 {
@@ -161,7 +182,10 @@ fn committed_run_past_the_flush_cap_flushes_inside_committed() {
     {
         let log = log.borrow();
         assert_eq!(log.calls.len(), 2);
-        assert_eq!((log.calls[1].position, log.calls[1].tokens.len()), (599, PENDING_FLUSH_PAIRS));
+        assert_eq!(
+            (log.calls[1].position, log.calls[1].tokens.len()),
+            (599, PENDING_FLUSH_PAIRS)
+        );
     }
     assert_eq!(s.pending(), 300 - PENDING_FLUSH_PAIRS);
     sim.finish(s);
@@ -179,7 +203,11 @@ fn restored_prefix_rewrites_the_stale_boundary_pair() {
     sim.prefill(&mut s, &[1, 2, 3, 4]);
     sim.round(&mut s, 3).expect("proposal");
     sim.finish(s);
-    assert_eq!(log.borrow().stream[4], (6, 4), "turn 1 ends on the EOS pair");
+    assert_eq!(
+        log.borrow().stream[4],
+        (6, 4),
+        "turn 1 ends on the EOS pair"
+    );
 
     // Turn 2 continues after token 5 with 9, not the EOS: the prefix cache
     // restores target and draft one below the match, to 4.
@@ -189,7 +217,11 @@ fn restored_prefix_rewrites_the_stale_boundary_pair() {
     assert_eq!((s.frontier(), s.committed_offset()), (4, 4));
     assert!(!s.is_primed());
     sim.prefill_at(&mut s, &[5, 9, 10, 11], 4);
-    assert_eq!(s.pending(), 2, "slot 3 is already written; slots 4 and 5 are new");
+    assert_eq!(
+        s.pending(),
+        2,
+        "slot 3 is already written; slots 4 and 5 are new"
+    );
     let round = sim.round(&mut s, 2).expect("proposal");
     assert_eq!(round.drafts, [12, 13]);
     {
@@ -199,7 +231,11 @@ fn restored_prefix_rewrites_the_stale_boundary_pair() {
     }
     sim.finish(s);
     let log = log.borrow();
-    assert_eq!(log.stream[4], (9, 4), "the boundary pair now holds the new token");
+    assert_eq!(
+        log.stream[4],
+        (9, 4),
+        "the boundary pair now holds the new token"
+    );
     sim.assert_paired(&log.stream, sim.pos);
 }
 
@@ -277,13 +313,20 @@ fn a_second_proposal_without_a_report_drops_the_first_ones_entries() {
             history: &sim.history,
             keys: &mut sim.keys,
         };
-        let p = s.propose(&current, 3, sampling).expect("propose").expect("primed");
+        let p = s
+            .propose(&current, 3, sampling)
+            .expect("propose")
+            .expect("primed");
         assert_eq!(p.tokens.to_vec::<u32>().expect("read"), [5, 6, 7]);
     }
     let calls = log.borrow().calls.clone();
     assert_eq!(calls[3..], [call(3, &[5], &[OWN]), call(4, &[6], &[OWN])]);
     s.close().expect("close");
-    assert_eq!(drafter.head().cache_offset(), Some(3), "speculative entries dropped");
+    assert_eq!(
+        drafter.head().cache_offset(),
+        Some(3),
+        "speculative entries dropped"
+    );
 }
 
 #[test]
@@ -296,7 +339,10 @@ fn pins_are_all_released_after_close_or_drop() {
     sim.prefill(&mut s, &[1, 2, 3, 4]);
     sim.round(&mut s, 4).expect("proposal");
     sim.plain(&mut s);
-    assert!(mlx_tensor::live_pins() > before, "the session holds pins while open");
+    assert!(
+        mlx_tensor::live_pins() > before,
+        "the session holds pins while open"
+    );
     sim.finish(s);
     assert_eq!(mlx_tensor::live_pins(), before, "close releases every pin");
 
@@ -316,16 +362,29 @@ fn bad_runs_are_errors_naming_the_counts() {
         .committed(&tokens(&[1, 2, 3]), &target_hiddens(0, 2), 0)
         .expect_err("3 tokens, 2 hiddens");
     assert!(
-        matches!(err, mtp_draft::Error::RunMismatch { position: 0, tokens: 3, hiddens: 2 }),
+        matches!(
+            err,
+            mtp_draft::Error::RunMismatch {
+                position: 0,
+                tokens: 3,
+                hiddens: 2
+            }
+        ),
         "{err}"
     );
     let err = s
         .committed(&tokens(&[]), &target_hiddens(0, 0), 0)
         .expect_err("an empty run");
     assert!(err.to_string().contains("n >= 1"), "{err}");
-    let err = s.settle(&tokens(&[1, 2])).expect_err("two tokens to settle");
+    let err = s
+        .settle(&tokens(&[1, 2]))
+        .expect_err("two tokens to settle");
     assert!(err.to_string().contains("scalar or [1]"), "{err}");
-    assert_eq!((s.frontier(), s.pending()), (0, 0), "failed calls change nothing");
+    assert_eq!(
+        (s.frontier(), s.pending()),
+        (0, 0),
+        "failed calls change nothing"
+    );
 }
 
 #[test]
@@ -343,5 +402,8 @@ fn a_gap_in_the_committed_stream_panics_with_both_slots() {
         .downcast_ref::<String>()
         .cloned()
         .unwrap_or_default();
-    assert!(message.contains("at 4") && message.contains("frontier 3"), "{message}");
+    assert!(
+        message.contains("at 4") && message.contains("frontier 3"),
+        "{message}"
+    );
 }

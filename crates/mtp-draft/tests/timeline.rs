@@ -60,11 +60,26 @@ fn worked_timeline_step_by_step() {
     // the speculative slots 4, 5 and writes S4, S5 in one forward.
     let drafts = propose(&mut s, 25, 2);
     assert_eq!(drafts, [26, 27], "the held row predicts slot 7");
-    assert_eq!(calls(3), [call(4, &[15, 25], &[4, 5]), call(6, &[26], &[OWN])]);
+    assert_eq!(
+        calls(3),
+        [call(4, &[15, 25], &[4, 5]), call(6, &[26], &[OWN])]
+    );
     assert_eq!(
         log.borrow().stream,
-        [(11, 0), (12, 1), (13, 2), (14, 3), (15, 4), (25, 5), (26, OWN)]
+        [
+            (11, 0),
+            (12, 1),
+            (13, 2),
+            (14, 3),
+            (15, 4),
+            (25, 5),
+            (26, OWN)
+        ]
     );
     s.close().expect("close");
-    assert_eq!(drafter.head().cache_offset(), Some(6), "level with the target at 6");
+    assert_eq!(
+        drafter.head().cache_offset(),
+        Some(6),
+        "level with the target at 6"
+    );
 }

@@ -129,13 +129,20 @@ impl DraftHead for FakeHead {
         let ids: Vec<i32> = rows.chunks(WIDTH).map(|r| r[0] as i32).collect();
         assert_eq!(toks.len(), ids.len(), "tokens and hiddens of one call");
         if let Some(cache) = self.caches.first_mut() {
-            assert_eq!(cache.offset(), position, "head called at a slot off its cache");
+            assert_eq!(
+                cache.offset(),
+                position,
+                "head called at a slot off its cache"
+            );
             let keys: Vec<f32> = toks.iter().map(|&t| t as f32).collect();
             let values: Vec<f32> = ids.iter().map(|&i| i as f32).collect();
             let (k, v) = cache.update_and_fetch(&as_column(&keys), &as_column(&values))?;
             let (k, v) = (k.to_vec::<f32>()?, v.to_vec::<f32>()?);
-            self.log.borrow_mut().stream =
-                k.iter().zip(&v).map(|(&t, &h)| (t as u32, h as i32)).collect();
+            self.log.borrow_mut().stream = k
+                .iter()
+                .zip(&v)
+                .map(|(&t, &h)| (t as u32, h as i32))
+                .collect();
         }
         self.log.borrow_mut().calls.push(Call {
             position,
@@ -149,7 +156,11 @@ impl DraftHead for FakeHead {
             .equal(&vocab)?
             .as_type(Dtype::Float32)?
             .multiply(&Array::from_f32(SCALE)?)?;
-        let hidden = ops::full(&[toks.len() as i32, WIDTH as i32], OWN as f32, Dtype::Float32)?;
+        let hidden = ops::full(
+            &[toks.len() as i32, WIDTH as i32],
+            OWN as f32,
+            Dtype::Float32,
+        )?;
         Ok(HeadOutput { out, hidden })
     }
 

@@ -64,7 +64,12 @@ impl Sim {
 
     /// Prefills `prompt` placed at slot `at` of an existing stream (a
     /// restored prefix covers the slots below).
-    pub fn prefill_at<H: DraftHead>(&mut self, s: &mut DraftSession<'_, H>, prompt: &[u32], at: usize) {
+    pub fn prefill_at<H: DraftHead>(
+        &mut self,
+        s: &mut DraftSession<'_, H>,
+        prompt: &[u32],
+        at: usize,
+    ) {
         self.seq.truncate(at);
         self.seq.extend_from_slice(prompt);
         let n = prompt.len() - 1;
@@ -134,10 +139,12 @@ impl Sim {
             history: &self.history,
             keys: &mut self.keys,
         };
-        let proposal = s
-            .propose(&current, k, sampling)
-            .expect("propose")?;
-        assert_eq!(proposal.dist.rows(), proposal.len, "one distribution row per draft");
+        let proposal = s.propose(&current, k, sampling).expect("propose")?;
+        assert_eq!(
+            proposal.dist.rows(),
+            proposal.len,
+            "one distribution row per draft"
+        );
         let drafts: Vec<u32> = proposal.tokens.to_vec().expect("drafts");
         assert_eq!(drafts.len(), proposal.len);
         Some(drafts)
@@ -184,7 +191,11 @@ impl Sim {
     /// Checks the pairing invariant on the draft cache's first `upto` slots:
     /// slot `S` holds token `S + 1` with the target hidden at `S`.
     pub fn assert_paired(&self, stream: &[(u32, i32)], upto: usize) {
-        assert!(stream.len() >= upto, "stream {} slots, need {upto}", stream.len());
+        assert!(
+            stream.len() >= upto,
+            "stream {} slots, need {upto}",
+            stream.len()
+        );
         for (slot, &(token, hidden)) in stream[..upto].iter().enumerate() {
             assert_eq!(
                 (token, hidden),
