@@ -7,11 +7,38 @@
 //!
 //! Names follow mlx-rs where they fit: [`Array`], [`ops`], [`fast`], [`random`].
 //!
-//! # Threads
-//! [`Array`] is neither `Send` nor `Sync`. MLX keeps a default stream per
-//! thread, and its graph nodes are reference counted without atomics on the
-//! Rust side's behalf, so an inference runner owns one MLX thread and does all
-//! array work there. No type of this crate is `Send`.
+//! # Threads: nothing is `Send`
+//! [`Array`], [`Pinned`], [`PinSet`] and [`io::Safetensors`] are neither `Send`
+//! nor `Sync`, and that is deliberate. MLX keeps a default stream per thread
+//! (an array is scheduled on the stream of the thread that built it), and its
+//! graph and evaluation code is not documented as safe for concurrent use of
+//! one graph from several threads. The handles are cxx opaque types, which
+//! are `!Send` and `!Sync` by default; this crate does not override that. An
+//! inference runner therefore owns one MLX thread and does all array work
+//! there; other threads talk to it with plain data (token ids, strings).
+//! [`live_pins`] is per thread for the same reason.
+//!
+//! ```compile_fail
+//! fn needs_send<T: Send>() {}
+//! needs_send::<mlx_tensor::Array>(); // error: `Array` cannot be sent between threads
+//! ```
+//!
+//! # Laziness, evaluation and pins
+//! Every op only adds a node to MLX's graph; [`Array::eval`], [`eval`],
+//! [`Array::to_vec`] and [`Array::item`] run the graph and wait (one round
+//! trip to MLX's worker thread, about 100 µs on the CPU backend), while
+//! [`async_eval`] schedules it and [`Array::wait`] waits later. Build a whole
+//! step as one graph and sync once. Errors that MLX detects while building a
+//! node (shapes, dtypes) are returned by the op at its call site.
+//!
+//! An [`Array`] owns one reference to its node. A node that is not evaluated
+//! yet also owns references to its inputs, so inputs stay alive as long as any
+//! pending consumer does, even after their own handles are dropped; evaluation
+//! replaces the inputs by the node's own buffer and releases them. A pin
+//! ([`Array::pin`], [`PinSet`]) is therefore nothing more than a counted owned
+//! handle: it keeps an array (and, while unevaluated, its inputs) alive until
+//! the guard drops, and [`live_pins`] lets tests prove that long-lived holders
+//! release what they pinned. There is no sweep and no manual unpin.
 //!
 //! # Example
 //! ```
