@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Write MODEL_CARD.md for a trained model folder from its metrics.json, train_log.jsonl,
+xtask/train/corpus.lock, the corpus manifest and (optionally) a ref_check.py --json-out file.
+
+  python3 xtask/train/write_model_card.py models/tiny-mtp   [--refcheck /tmp/refcheck.json] [--device-s 428]
+"""
+import argparse
+import json
+import os
+
+from safetensors import safe_open
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model_dir")
+    ap.add_argument("--refcheck", default=None)
+    ap.add_argument("--manifest", default=os.path.join(HERE, "data", "manifest.json"))
+    ap.add_argument("--device-s", type=float, default=None, help="device seconds of the training call (both models)")
+    a = ap.parse_args()
+    d = a.model_dir
+    name = os.path.basename(os.path.normpath(d))
+    m = json.load(open(os.path.join(d, "metrics.json")))
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    lock = json.load(open(os.path.join(HERE, "corpus.lock")))
+    man = json.load(open(a.manifest)) if os.path.exists(a.manifest) else None
+    log = [json.loads(l) for l in open(os.path.join(d, "train_log.jsonl"))]
+    steps_log = [r for r in log if "step" in r and "ce" in r]
+    tail = steps_log[-4:]
+    mean = lambda k: sum(r[k] for r in tail) / len(tail)
+    ho = m["heldout"]
+    c = m["config"]
+    is_mtp = cfg.get("mtp_num_hidden_layers", 0) > 0
+    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+        shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
+    size = os.path.getsize(os.path.join(d, "model.safetensors"))
+    L = []
+    w = L.append
+    w(f"# {name}\n")
+    if is_mtp:
+        w("A small dense **Qwen3** decoder (`Qwen3ForCausalLM`, `model_type: qwen3`) with **one MTP layer** in the "
+          "Qwen3.5 / Qwen3-Next layout (`mtp.*`), trained by this project (mtp-runner, issue 3) as the target model for "
+          "lossless multi-token-prediction speculative decoding. Trained from scratch on Python source code.\n")
+    else:
+        w("A small dense **Qwen3** decoder (`Qwen3ForCausalLM`), no MTP, trained by this project (mtp-runner, issue 3) "
+          "as the separate draft model for draft-model speculation (same tokenizer as `tiny-mtp`). Trained from scratch "
+          "on the same Python source corpus.\n")
+    w("## Architecture\n")
+    w("| key | value |\n|---|---|")
+    for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size", "vocab_size", "rope_theta", "rms_norm_eps", "max_position_embeddings",
+              "tie_word_embeddings", "torch_dtype"):
+        w(f"| `{k}` | {cfg[k]} |")
+    if is_mtp:
+        w(f"| `mtp_num_hidden_layers` | {cfg['mtp_num_hidden_layers']} |")
+        w(f"| `mtp_norm_zero_centered` | {str(cfg['mtp_norm_zero_centered']).lower()} |")
+    w(f"| parameters | {m['params']:,}" + (f" (MTP module {m['mtp_params']:,}; trunk {m['params']-m['mtp_params']:,})" if is_mtp else "") + " |")
+    w(f"| `model.safetensors` | {size:,} bytes, {len(shapes)} tensors, dtype {', '.join(sorted(dtypes))} |\n")
+    w("Qwen3 block: pre-norm residual; attention with GQA, per-head RMSNorm on q and k (`q_norm`, `k_norm`, over "
+      "head_dim) applied before RoPE (rotate-half / NeoX style, positions 0..T-1), no biases, scale 1/sqrt(head_dim), causal; "
+      "SwiGLU MLP `down(silu(gate(x)) * up(x))`. RMSNorm is `w * x / sqrt(mean(x^2) + 1e-6)` (computed in fp32). "
+      "The LM head is tied to `model.embed_tokens.weight` (no `lm_head.weight` tensor is stored).\n")
+    if is_mtp:
+        w("## MTP head (exact math the runner must implement)\n")
+        w("For position i, with `h_i` = the trunk's **post-final-norm** hidden state (the output of `model.norm`, the "
+          "same tensor that feeds the LM head) and `t_{i+1}` = the next token:\n")
+        w("```\ne  = RMSNorm_{mtp.pre_fc_norm_embedding}( embed_tokens(t_{i+1}) )\n"
+          "g  = RMSNorm_{mtp.pre_fc_norm_hidden}( h_i )\n"
+          "u  = mtp.fc( concat([e, g], -1) )            # embedding FIRST; fc.weight is [H, 2H], no bias\n"
+          "o  = Qwen3DecoderLayer_{mtp.layers.0}(u)     # full causal attention over the MTP positions, RoPE position i,\n"
+          "                                            # its own KV cache\n"
+          "h' = RMSNorm_{mtp.norm}(o)\n"
+          "logits_{t+2} = h' @ embed_tokens.weight^T    # shared (tied) LM head; predicts t_{i+2}\n```\n")
+        w("**Norm convention: every norm in this checkpoint, the `mtp.*` norms included "
+          "(`mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.norm`, `mtp.layers.0.{input_layernorm,"
+          "post_attention_layernorm}`, `mtp.layers.0.self_attn.{q_norm,k_norm}`), is stored as a plain RMSNorm "
+          "weight: multiply by `w`. They are NOT zero-centred; a loader must NOT add 1** (unlike Qwen3-Next / Qwen3.5, "
+          "whose `x * (1 + w)` norms mlx-lm and ollama shift at load). Rule: `model_type == \"qwen3\"` (and "
+          "`mtp_norm_zero_centered: false` in config.json) means no shift; the Qwen3.5 rule (shift by +1) applies only to "
+          "`qwen3_next` / `qwen3_5*` model types.\n")
+        w("Training pairs each position i (0..T-2) with (h_i, t_{i+1}) and the label t_{i+2}; the MTP layer's attention "
+          "runs over the same sequence positions as the trunk. At decode time the MTP KV cache must be filled during "
+          "prefill with the shifted pairing (h_i, t_{i+1}) for every prompt position, so a draft for the position after "
+          "the last accepted token needs that token's hidden state and the sampled next token.\n")
+        mtp_keys = sorted(k for k in shapes if k.startswith("mtp."))
+        w(f"MTP tensors ({len(mtp_keys)}):\n")
+        w("| tensor | shape |\n|---|---|")
+        for k in mtp_keys:
+            w(f"| `{k}` | {shapes[k]} |")
+        w("")
+    w("## Tokenizer\n")
+    tok_sha = lock.get("expected_outputs", {}).get("tokenizer.json")
+    w(f"Byte-level BPE (Hugging Face `tokenizers`, GPT-2 style ByteLevel pre-tokenizer, no prefix space, ByteLevel "
+      f"decoder), vocabulary {c['vocab_size']}, trained on the training split of the corpus below with min_frequency 2. "
+      f"Special tokens: `<|endoftext|>` = 0 (eos, bos and pad), `<|im_start|>` = 1, `<|im_end|>` = 2. No BOS is added "
+      f"by the tokenizer; training documents are separated by `<|endoftext|>`, so prompts conventionally start with id 0. "
+      f"`tokenizer_config.json` loads as `PreTrainedTokenizerFast` and carries a ChatML `chat_template` "
+      f"(`<|im_start|>role\\n...<|im_end|>\\n`); the model was not trained on chat data. tokenizer.json sha256 `{tok_sha}`.\n")
+    w("## Corpus\n")
+    outs = (man or {}).get("outputs", {})
+    w(f"The `*.py` files of {len(lock['packages'])} pinned PyPI wheels (archives and sha256 in `xtask/train/corpus.lock`; "
+      f"rebuilt exactly by `python3 xtask/train/build_corpus.py`). Files kept: UTF-8, 64 B to 512 KiB, without special-token "
+      f"strings. Split **by file** with `random.Random({lock['seed']})`: {outs.get('train.txt', {}).get('files', '?')} train files "
+      f"({outs.get('train.txt', {}).get('bytes', 0)/1e6:.1f} MB, {lock.get('expected_tokens', {}).get('train.bin', 0):,} tokens) and "
+      f"{outs.get('heldout.txt', {}).get('files', '?')} held-out files ({outs.get('heldout.txt', {}).get('bytes', 0)/1e6:.2f} MB, "
+      f"{lock.get('expected_tokens', {}).get('heldout.bin', 0):,} tokens); documents joined with `<|endoftext|>`.\n")
+    if man:
+        w("| package==version | files | bytes of .py |\n|---|---|---|")
+        for k, v in sorted(man["packages"].items(), key=lambda x: -x[1]["bytes"]):
+            w(f"| {k} | {v['files']} | {v['bytes']:,} |")
+        w("")
+    w("## Training\n")
+    w("| | |\n|---|---|")
+    w(f"| code | `xtask/train/train.py` (PyTorch {m['torch']}, {m['precision']}, torch.compile {m['compile']}) |")
+    w(f"| hardware | 1x {m['device']} (the project's lent GPU machine){' shared concurrently with the other model' if True else ''} |")
+    w(f"| command | `{m['command']}` |")
+    w(f"| loss | CE(next token)" + (f" + {m['mtp_weight']} x CE(MTP predicting t+2)" if is_mtp else "") + " |")
+    w(f"| steps | {m['steps']} (chosen by `--steps auto` from a timed warm-up; `--steps {m['steps']}` reproduces) |")
+    w(f"| batch | {m['batch']} x {m['seq_len']} tokens = {m['batch']*m['seq_len']:,} tokens/step, random windows of the packed train stream |")
+    w(f"| tokens seen | {m['tokens_seen']:,} ({m['tokens_seen']/m['train_tokens']:.1f} epochs of {m['train_tokens']:,}) |")
+    w(f"| optimizer | {m['optimizer']}; peak lr {m['lr']}, warm-up {m['warmup']} steps, min lr {m['min_lr_frac']} x peak, weight decay {m['weight_decay']} on matrices |")
+    w(f"| init | normal(0, 0.02); o_proj and down_proj std 0.02/sqrt(2 x layers) |")
+    w(f"| seed | {m['seed']} |")
+    w(f"| wall time | {m['train_wall_s']:.1f} s training + {m['compile_warmup_s']:.1f} s compile/warm-up + {m['eval_s']:.1f} s final eval |")
+    if a.device_s:
+        w(f"| device time | {a.device_s:.0f} s for the whole GPU call (machine start, tokenization, both models trained concurrently) |")
+    ft = f"{mean('ce'):.4f}"
+    w(f"| final train loss (mean of the last {len(tail)} logged steps, {tail[0]['step']}..{tail[-1]['step']}) | next-token CE {ft}"
+      + (f", MTP CE {mean('mtp_ce'):.4f}, total {mean('loss'):.4f}" if is_mtp else "") + " |\n")
+    w("## Held-out evaluation\n")
+    w(f"On the whole held-out split ({ho['heldout_tokens']:,} predicted tokens; non-overlapping windows of {m['seq_len']} "
+      f"tokens, each starting with empty context), with the exported bf16 weights in fp32 activations on the H200 (TF32 matmuls allowed), right after training:\n")
+    w("| metric | value |\n|---|---|")
+    w(f"| next-token loss (nats/token) | {ho['heldout_loss']:.4f} |")
+    w(f"| perplexity | {ho['heldout_ppl']:.3f} |")
+    w(f"| next-token top-1 accuracy | {ho['heldout_top1_acc']:.4f} |")
+    if is_mtp:
+        w(f"| MTP loss vs the true t+2 | {ho['mtp_heldout_loss']:.4f} (ppl {2.718281828 ** ho['mtp_heldout_loss']:.3f}) |")
+        w(f"| MTP top-1 accuracy vs the true t+2 | {ho['mtp_top1_acc_vs_true_t2']:.4f} |")
+        w(f"| **MTP top-1 agreement with the target's own greedy choice at t+2** (argmax MTP logits at i == argmax trunk logits at i+1, teacher-forced) | **{ho['mtp_agreement_vs_greedy_t2']:.4f}** |")
+        w("\nThe last row is the expected greedy acceptance rate of one MTP draft step (goal: >= 0.6).\n")
+    else:
+        w("")
+    if a.refcheck and os.path.exists(a.refcheck):
+        rc = json.load(open(a.refcheck)).get(name)
+        if rc:
+            w("## Reference check (`xtask/train/ref_check.py`)\n")
+            w(f"Greedy continuations (32 tokens, fp32 math) of 5 held-out prompts (`xtask/train/refcheck_prompts.json`): "
+              f"**{rc['prompts_agreeing']} identical** across mlx-lm (`mlx_lm.load`, with the {rc['mtp_tensors_dropped_for_mlx']} `mtp.*` "
+              f"tensors dropped into a temp copy), Hugging Face transformers (`{rc['hf_class']}`) and this project's "
+              f"`train.py` model. transformers' `PreTrainedTokenizerFast` encodes the prompts exactly like `tokenizers`: "
+              f"{rc['tokenizer_fast_matches_tokenizers']}. Max |logit difference| transformers vs train.py on a prompt: "
+              f"{rc['max_abs_logit_diff_hf_vs_own']:.2e}."
+              + (f" MTP t+2 draft agreement along these greedy continuations: {rc['mtp_draft_agreement_on_continuations']:.3f}."
+                 if rc.get("mtp_draft_agreement_on_continuations") is not None else "") + "\n")
+    w("## Reproduce\n")
+    w("See `docs/training.md`. In short:\n")
+    w("```sh\npython3 xtask/train/build_corpus.py            # download (pinned, sha256-checked), split, tokenizer, tokens\n"
+      f"python3 xtask/train/train.py --model {m['model']} --out models/{name} --steps {m['steps']} --compile   # on a CUDA GPU\n"
+      f"python3 xtask/train/write_model_card.py models/{name} --refcheck <ref_check json>\n"
+      "python3 xtask/train/ref_check.py\n```\n")
+    w("Numbers vary slightly between GPUs and PyTorch versions (bf16 autocast, nondeterministic kernels); the shipped "
+      "weights are the reference.\n")
+    with open(os.path.join(d, "MODEL_CARD.md"), "w") as f:
+        f.write("\n".join(L))
+    print(f"wrote {os.path.join(d, 'MODEL_CARD.md')}")
+
+
+if __name__ == "__main__":
+    main()
