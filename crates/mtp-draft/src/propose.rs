@@ -54,9 +54,10 @@ impl<H: DraftHead> DraftSession<'_, H> {
         max_tokens: usize,
         sampling: DraftSampling<'_>,
     ) -> Result<Option<Proposal>> {
-        if max_tokens == 0 || self.frontier_hidden.is_none() {
+        let carried = self.frontier_hidden.as_ref().map(|h| h.array().clone());
+        let (Some(mut hidden), true) = (carried, max_tokens > 0) else {
             return Ok(None);
-        }
+        };
         let current = one_token(current)?;
         if self.cached {
             // Also drops speculative entries of an earlier, unverified proposal.
@@ -70,10 +71,6 @@ impl<H: DraftHead> DraftSession<'_, H> {
         let penalised = sampling.options.uses_penalties();
         let greedy = sampling.options.is_greedy();
         let mut token = current;
-        let mut hidden = match &self.frontier_hidden {
-            Some(h) => h.array().clone(),
-            None => unreachable!("checked above"),
-        };
         let mut tokens = Vec::with_capacity(max_tokens);
         let mut dists = Vec::with_capacity(max_tokens);
         let mut chain: Vec<u32> = Vec::new();
