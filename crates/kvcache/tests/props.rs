@@ -5,7 +5,7 @@
 mod common;
 
 use common::{Kind, assert_matches_fresh, forward};
-use kvcache::{Cache, Snapshot, rollback};
+use kvcache::{Snapshot, rollback};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
