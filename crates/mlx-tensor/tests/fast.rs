@@ -30,17 +30,12 @@ fn rms_norm_matches_formula() {
     );
 }
 
+/// One rope configuration: `(dims, traditional, base, scale, offset)`.
+type RopeCase = (usize, bool, f32, f32, usize);
+
 /// Host rope over `[L, D]` rows at positions `offset..offset + L`.
-fn rope_host(
-    x: &[f32],
-    l: usize,
-    d: usize,
-    dims: usize,
-    traditional: bool,
-    base: f32,
-    scale: f32,
-    offset: usize,
-) -> Vec<f32> {
+fn rope_host(x: &[f32], l: usize, d: usize, case: RopeCase) -> Vec<f32> {
+    let (dims, traditional, base, scale, offset) = case;
     let mut out = x.to_vec();
     let half = dims / 2;
     for pos in 0..l {
@@ -68,7 +63,7 @@ fn rope_matches_hand_computation() {
     let data = host_noise(11, l * d);
     let x = arr(&data, &[1, 1, l as i32, d as i32]);
     // (dims, traditional, base, scale, offset)
-    let cases = [
+    let cases: [RopeCase; 6] = [
         (8, false, 10_000.0, 1.0, 0),
         (8, false, 10_000.0, 1.0, 7),
         (8, true, 10_000.0, 1.0, 3),
@@ -81,7 +76,7 @@ fn rope_matches_hand_computation() {
         let case = format!(
             "dims {dims} traditional {traditional} base {base} scale {scale} offset {offset}"
         );
-        let want = rope_host(&data, l, d, dims, traditional, base, scale, offset);
+        let want = rope_host(&data, l, d, (dims, traditional, base, scale, offset));
         let got = fast::rope(&x, dims as i32, traditional, base, scale, offset as i32);
         check(&case, got, &[1, 1, l as i32, d as i32], &want, 1e-4);
     }
@@ -95,7 +90,7 @@ fn rope_with_explicit_freqs_matches_base() {
     // MLX's `freqs` are periods (base^(2i/d)); the angle is pos / freq.
     let freqs = arr(&[1.0, 100.0], &[2]);
     let got = fast::rope_with_freqs(&x, 4, false, 1.0, 1, &freqs);
-    let want = rope_host(&data, l, d, 4, false, 10_000.0, 1.0, 1);
+    let want = rope_host(&data, l, d, (4, false, 10_000.0, 1.0, 1));
     check("rope freqs", got, &[1, l as i32, d as i32], &want, 1e-4);
 }
 
