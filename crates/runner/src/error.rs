@@ -135,6 +135,12 @@ pub enum Error {
         /// Why and the accepted range.
         message: String,
     },
+    /// Sampling options were rejected (the message names the option).
+    #[error(transparent)]
+    Sampler(#[from] sampler::Error),
+    /// A cache operation failed.
+    #[error(transparent)]
+    Cache(#[from] kvcache::Error),
     /// MLX failed.
     #[error(transparent)]
     Mlx(#[from] mlx_tensor::Error),

@@ -10,14 +10,14 @@ use std::time::Instant;
 
 use mlx_tensor::Array;
 
-use crate::cache::Cache;
 use crate::detok::StreamDetokenizer;
 use crate::error::{Error, Result};
 use crate::model::Model;
-use crate::sample::{History, KeyStream, Options, sample_next};
 use crate::stats::Stats;
 use crate::stop::{StopMatcher, StopStep};
 use crate::tokenizer::Tokenizer;
+use kvcache::Cache;
+use sampler::{History, KeyStream, Options, sample_next};
 
 /// Prompt tokens per prefill forward.
 pub const PREFILL_CHUNK: usize = 2048;

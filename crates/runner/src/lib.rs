@@ -25,7 +25,6 @@
 //! ```
 #![warn(missing_docs)]
 
-pub mod cache;
 pub mod chat;
 pub mod config;
 pub mod detok;
@@ -34,7 +33,6 @@ pub mod generate;
 pub mod load;
 pub mod model;
 pub mod models;
-pub mod sample;
 pub mod stats;
 pub mod stop;
 #[cfg(feature = "testing")]
@@ -45,7 +43,11 @@ pub mod weights;
 pub use config::{GenerationConfig, ModelConfig};
 pub use error::{Error, Result};
 pub use generate::{FinishReason, GenerateOptions, Generation, Session};
+pub use kvcache::{Cache, KvCache};
 pub use load::{LoadOptions, LoadedModel, ModelInfo, inspect, load};
 pub use model::Model;
+/// The sampler crate, re-exported for callers that build options.
+pub use sampler;
+pub use sampler::Options as SamplingOptions;
 pub use stats::Stats;
 pub use tokenizer::Tokenizer;

@@ -2,11 +2,11 @@
 
 use mlx_tensor::Array;
 
-use crate::cache::Cache;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::models::layers::LinearLayout;
 use crate::weights::Weights;
+use kvcache::Cache;
 
 /// A causal language model: hidden states over a run of tokens, and a separate unembedding.
 pub trait Model: std::fmt::Debug {

@@ -4,7 +4,7 @@ mod common;
 
 use std::sync::atomic::AtomicBool;
 
-use runner::sample::Options;
+use runner::SamplingOptions as Options;
 use runner::testing::{Arch, Fixture};
 use runner::{FinishReason, GenerateOptions, Session};
 

@@ -2,13 +2,13 @@
 
 use mlx_tensor::{Array, fast};
 
-use crate::cache::{Cache, KvCache};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::model::Model;
 use crate::models::layers::{Linear, LinearLayout, Mlp, RmsNorm};
 use crate::models::rope::Rope;
 use crate::weights::Weights;
+use kvcache::{Cache, KvCache};
 
 /// What distinguishes the members of the family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,14 +77,11 @@ impl Attention {
         let v = split(self.v.forward(x)?, self.kv_heads, &None)?;
         let q = rope.forward(&q, offset)?;
         let k = rope.forward(&k, offset)?;
+        // The cache picks the mask (before the update): causal aligned at the end for
+        // L > 1, so a chunk at offset > 0 sees the whole prefix; none for one query.
+        let mask = cache.make_mask(l as usize)?;
         let (keys, values) = cache.update_and_fetch(&k, &v)?;
-        // MLX's causal mask is aligned at the end, so a chunk at offset > 0 sees the whole prefix.
-        let mask = if l > 1 {
-            fast::Mask::Causal
-        } else {
-            fast::Mask::None
-        };
-        let o = fast::scaled_dot_product_attention(&q, &keys, &values, self.scale, mask)?;
+        let o = fast::scaled_dot_product_attention(&q, &keys, &values, self.scale, mask.as_fast())?;
         let o = o
             .transpose(&[0, 2, 1, 3])?
             .reshape(&[1, l, self.heads * self.head_dim])?;
