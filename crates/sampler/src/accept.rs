@@ -153,6 +153,11 @@ impl Acceptance {
 /// probability `min(1, p_i(x_i) / q_i(x_i))`; at the first rejection the next
 /// token comes from `residual(p_i, q_i)`, after a full accept from row `k`.
 /// The emitted tokens then follow the target distribution exactly.
+///
+/// Token ids must be below the vocabulary size (not checked: that would need
+/// a sync). Nothing is evaluated here: read the result with
+/// [`Acceptance::read`], or evaluate [`Acceptance::packed`] together with the
+/// target forward's other outputs first.
 pub fn accept_chain(
     target: &Distribution,
     draft: &Distribution,
@@ -217,9 +222,15 @@ pub fn accept_batch(
     let accepted = leading_accepts(&p_x, &q_x, &accept_key)?;
 
     // One categorical draw covers the residual of every row and the bonus row;
-    // the accepted count picks which of them is the next token.
-    let replacement = ops::concatenate(&[residual(&p_head, &q)?, p.slice_axis(1, k, k + 1)?], 1)?;
-    let candidates = sample_rows(&replacement, &sample_key)?;
+    // the accepted count picks which of them is the next token. A one-hot
+    // target's residual is the target itself, so its argmax is the draw.
+    let candidates = if target.is_one_hot() {
+        p.argmax(-1, false)?
+    } else {
+        let replacement =
+            ops::concatenate(&[residual(&p_head, &q)?, p.slice_axis(1, k, k + 1)?], 1)?;
+        sample_rows(&replacement, &sample_key)?
+    };
     let acc_col = accepted.reshape(&[batch, 1])?;
     let next = candidates.take_along_axis(&acc_col, 1)?;
 

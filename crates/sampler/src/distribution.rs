@@ -13,6 +13,9 @@ use crate::{Error, History, Options, Result, filter, penalty};
 pub struct Distribution {
     /// `[R, V]` f32.
     probs: Array,
+    /// Every row is one-hot (built at temperature 0). Lets sampling take the
+    /// argmax instead of a V-wide random draw; the result is the same.
+    one_hot: bool,
 }
 
 impl Distribution {
@@ -38,6 +41,7 @@ impl Distribution {
         let scores = penalty::apply(&logits, opts, history, chain)?;
         Ok(Distribution {
             probs: filter::probabilities(&scores, opts)?,
+            one_hot: opts.is_greedy(),
         })
     }
 
@@ -45,7 +49,10 @@ impl Distribution {
     /// row non-negative and summing to 1: not checked, that would need a sync).
     pub fn from_probs(probs: &Array) -> Result<Distribution> {
         let probs = rows_of(probs, "probs")?.as_type(Dtype::Float32)?;
-        Ok(Distribution { probs })
+        Ok(Distribution {
+            probs,
+            one_hot: false,
+        })
     }
 
     /// Joins distributions row-wise (for example one per drafting step).
@@ -63,6 +70,7 @@ impl Distribution {
         let arrays: Vec<Array> = parts.iter().map(|p| p.probs.clone()).collect();
         Ok(Distribution {
             probs: ops::concatenate(&arrays, 0)?,
+            one_hot: parts.iter().all(|p| p.one_hot),
         })
     }
 
@@ -74,6 +82,7 @@ impl Distribution {
         }
         Ok(Distribution {
             probs: self.probs.slice_axis(0, start as i32, end as i32)?,
+            one_hot: self.one_hot,
         })
     }
 
@@ -92,7 +101,8 @@ impl Distribution {
         &self.probs
     }
 
-    /// Probability of `tokens[r]` under row `r`: `[R]` from `[R]` integer ids.
+    /// Probability of `tokens[r]` under row `r`: `[R]` from `[R]` integer ids
+    /// (each below the vocabulary size; not checked, that would need a sync).
     pub fn prob(&self, tokens: &Array) -> Result<Array> {
         let rows = self.rows() as i32;
         if tokens.shape().as_slice() != [rows] {
@@ -113,13 +123,26 @@ impl Distribution {
     /// (a rejection is then impossible anyway).
     pub fn residual_against(&self, draft: &Distribution) -> Result<Distribution> {
         check_same_shape(self, draft)?;
+        if self.one_hot {
+            // max(0, p − q) of a one-hot p is zero or a multiple of p.
+            return Ok(self.clone());
+        }
         Ok(Distribution {
             probs: residual(&self.probs, &draft.probs)?,
+            one_hot: false,
         })
+    }
+
+    /// True when every row is one-hot (built at temperature 0).
+    pub fn is_one_hot(&self) -> bool {
+        self.one_hot
     }
 
     /// One token per row, drawn with `key`: `[R]` u32, lazy.
     pub fn sample(&self, key: &Array) -> Result<Array> {
+        if self.one_hot {
+            return Ok(self.probs.argmax(-1, false)?);
+        }
         sample_rows(&self.probs, key)
     }
 }

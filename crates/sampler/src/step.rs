@@ -15,8 +15,12 @@ pub fn sample_next(
     history: &History,
     key: &Array,
 ) -> Result<Array> {
-    let v = logits.dim(-1);
-    if logits.size() != v as usize {
+    let v = if logits.ndim() == 0 {
+        0
+    } else {
+        logits.dim(-1)
+    };
+    if v == 0 || logits.size() != v as usize {
         return Err(Error::Shape {
             what: "logits for sample_next",
             shape: logits.shape().to_vec(),

@@ -38,10 +38,13 @@ fn greedy_round(targets: &[u32], drafted: &[u32]) -> Result<(Distribution, Distr
 /// (`k + 1` of them) must emit `expected`, under several keys.
 #[track_caller]
 fn check(targets: &[u32], drafted: &[u32], expected: &[u32]) {
-    let (target, draft, tokens) = greedy_round(targets, drafted).expect("inputs build");
-    for seed in [0, 1, 99] {
+    let (one_hot, draft, tokens) = greedy_round(targets, drafted).expect("inputs build");
+    assert!(one_hot.is_one_hot());
+    // The same rows without the one-hot mark take the general (random) path.
+    let general = Distribution::from_probs(one_hot.probs()).expect("rows");
+    for (seed, target) in [(0, &one_hot), (1, &one_hot), (0, &general), (99, &general)] {
         let key = random::key(seed).expect("key");
-        let acc = accept_chain(&target, &draft, &tokens, &key).expect("acceptance builds");
+        let acc = accept_chain(target, &draft, &tokens, &key).expect("acceptance builds");
         let emitted = acc.read_emitted().expect("read");
         assert_eq!(
             emitted, expected,
@@ -276,5 +279,7 @@ fn sample_next_matches_the_distribution_draw() -> Result<()> {
     let two_rows = Array::from_slice(&[0.0f32; 4], &[2, 2])?;
     let err = sample_next(&two_rows, &opts, &h, &keys.next_key()?).unwrap_err();
     assert!(err.to_string().contains("one row"), "{err}");
+    let scalar = Array::from_f32(1.0)?;
+    assert!(sample_next(&scalar, &opts, &h, &keys.next_key()?).is_err());
     Ok(())
 }

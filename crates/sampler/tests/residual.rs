@@ -51,6 +51,29 @@ fn greedy_residual_is_the_target_argmax() {
 }
 
 #[test]
+fn one_hot_marks_follow_the_rows() -> Result<()> {
+    let logits = Array::from_slice(&[0.0f32, 2.0, 1.0, 3.0, 0.0, 0.0], &[2, 3])?;
+    let h = sampler::History::new(64);
+    let greedy = Distribution::from_logits(&logits, &sampler::Options::greedy(), &h, &[])?;
+    let soft = Distribution::from_logits(&logits, &sampler::Options::default(), &h, &[])?;
+    assert!(greedy.is_one_hot() && !soft.is_one_hot());
+    assert!(greedy.slice_rows(1, 2)?.is_one_hot());
+    assert!(!Distribution::concatenate(&[greedy.clone(), soft.clone()])?.is_one_hot());
+    // A one-hot row samples its argmax under any key; its residual is itself.
+    let key = mlx_tensor::random::key(3)?;
+    assert_eq!(greedy.sample(&key)?.to_vec::<u32>()?, vec![1, 0]);
+    let r = greedy.residual_against(&soft)?;
+    assert!(r.is_one_hot());
+    assert_close(
+        &r.probs().to_vec::<f32>()?,
+        &[0.0, 1.0, 0.0, 1.0, 0.0, 0.0],
+        0.0,
+        "residual",
+    );
+    Ok(())
+}
+
+#[test]
 fn equal_rows_fall_back_to_the_target() {
     check(&[0.2, 0.3, 0.5], &[0.2, 0.3, 0.5], &[0.2, 0.3, 0.5]);
     check(&[0.0, 1.0, 0.0], &[0.0, 1.0, 0.0], &[0.0, 1.0, 0.0]);
