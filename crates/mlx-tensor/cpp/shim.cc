@@ -332,6 +332,13 @@ rust::String device_name() {
   return rust::String(default_device_is_gpu() ? "gpu" : "cpu");
 }
 void synchronize() { mx::synchronize(); }
+namespace {
+mx::Device device_of(bool gpu) { return mx::Device(gpu ? mx::Device::gpu : mx::Device::cpu); }
+}  // namespace
+int32_t new_stream(bool gpu) { return mx::new_stream(device_of(gpu)).index; }
+int32_t default_stream_index(bool gpu) { return mx::default_stream(device_of(gpu)).index; }
+void set_default_stream(int32_t index, bool gpu) { mx::set_default_stream(mx::Stream(index, device_of(gpu))); }
+void synchronize_stream(int32_t index, bool gpu) { mx::synchronize(mx::Stream(index, device_of(gpu))); }
 size_t active_memory() { return mx::get_active_memory(); }
 size_t peak_memory() { return mx::get_peak_memory(); }
 void reset_peak_memory() { mx::reset_peak_memory(); }

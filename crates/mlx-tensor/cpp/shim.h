@@ -143,6 +143,11 @@ bool default_device_is_gpu();
 bool gpu_available();
 rust::String device_name();
 void synchronize();
+// Streams, identified by (index, device) as MLX does.
+int32_t new_stream(bool gpu);
+int32_t default_stream_index(bool gpu);
+void set_default_stream(int32_t index, bool gpu);
+void synchronize_stream(int32_t index, bool gpu);
 size_t active_memory();
 size_t peak_memory();
 void reset_peak_memory();

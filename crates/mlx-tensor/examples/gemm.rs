@@ -38,7 +38,12 @@ fn parse() -> std::result::Result<Options, String> {
             "--rounds" => o.rounds = int(&value)?.max(1) as usize,
             "--k" => o.k = int(&value)?,
             "--n" => o.n = int(&value)?,
-            "--m" => o.ms = value.split(',').map(int).collect::<std::result::Result<_, _>>()?,
+            "--m" => {
+                o.ms = value
+                    .split(',')
+                    .map(int)
+                    .collect::<std::result::Result<_, _>>()?
+            }
             "--dtypes" => {
                 o.dtypes = value
                     .split(',')
@@ -50,7 +55,11 @@ fn parse() -> std::result::Result<Options, String> {
                     })
                     .collect::<std::result::Result<_, _>>()?
             }
-            other => return Err(format!("unknown option {other}; options: --rounds --k --n --m --dtypes")),
+            other => {
+                return Err(format!(
+                    "unknown option {other}; options: --rounds --k --n --m --dtypes"
+                ));
+            }
         }
     }
     Ok(o)
@@ -72,14 +81,20 @@ fn main() -> Result<()> {
             std::process::exit(2);
         }
     };
-    let _ = writeln!(std::io::stderr(), "gemm: MLX {} with {}", mlx_tensor::mlx_version(), mlx_tensor::blas_info());
+    let _ = writeln!(
+        std::io::stderr(),
+        "gemm: MLX {} with {}",
+        mlx_tensor::mlx_version(),
+        mlx_tensor::blas_info()
+    );
     let mut out = std::io::stdout().lock();
     let key = random::key(0)?;
     for &dtype in &o.dtypes {
         let w = random::normal(&[o.k, o.n], Dtype::Float32, &key)?.as_type(dtype)?;
         w.eval()?;
         for &m in &o.ms {
-            let x = random::normal(&[m, o.k], Dtype::Float32, &random::key(m as u64)?)?.as_type(dtype)?;
+            let x = random::normal(&[m, o.k], Dtype::Float32, &random::key(m as u64)?)?
+                .as_type(dtype)?;
             x.eval()?;
             // Two warm-up rounds: first-touch allocations and BLAS thread start-up.
             for _ in 0..2 {

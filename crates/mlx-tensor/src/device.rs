@@ -1,7 +1,9 @@
-//! Device choice and MLX's memory figures.
+//! Device and stream choice, and MLX's memory figures.
 //!
 //! The CPU build (`mlx-cpu`) has only the CPU device; the same binary started
 //! with the CUDA build's `libmlx.so` (or on macOS with Metal) has a GPU too.
+
+use std::marker::PhantomData;
 
 use crate::Result;
 use crate::error::check;
@@ -46,6 +48,69 @@ pub fn device_name() -> Result<String> {
 #[track_caller]
 pub fn synchronize() -> Result<()> {
     check(sys::synchronize())
+}
+
+/// An MLX stream: an ordered queue of work on one device. New operations go
+/// to the calling thread's default stream for the default device.
+///
+/// Only [`Stream::new`] and [`Stream::default_for`] make one, so the index is
+/// always one MLX handed out. Like every type here it is not `Send`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stream {
+    index: i32,
+    device: Device,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Stream {
+    fn from_index(index: i32, device: Device) -> Stream {
+        Stream {
+            index,
+            device,
+            _not_send: PhantomData,
+        }
+    }
+
+    /// A new stream on `device` (an error when the device is not available).
+    #[track_caller]
+    pub fn new(device: Device) -> Result<Stream> {
+        check(sys::new_stream(device == Device::Gpu)).map(|i| Stream::from_index(i, device))
+    }
+
+    /// This thread's default stream for `device`.
+    #[track_caller]
+    pub fn default_for(device: Device) -> Result<Stream> {
+        check(sys::default_stream_index(device == Device::Gpu))
+            .map(|i| Stream::from_index(i, device))
+    }
+
+    /// Makes this the default stream (and its device the default device) for this thread.
+    #[track_caller]
+    pub fn set_default(&self) -> Result<()> {
+        check(sys::set_default_stream(
+            self.index,
+            self.device == Device::Gpu,
+        ))
+    }
+
+    /// Waits for all work scheduled on this stream.
+    #[track_caller]
+    pub fn synchronize(&self) -> Result<()> {
+        check(sys::synchronize_stream(
+            self.index,
+            self.device == Device::Gpu,
+        ))
+    }
+
+    /// The device the stream runs on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// MLX's index of the stream.
+    pub fn index(&self) -> i32 {
+        self.index
+    }
 }
 
 /// The MLX library version string.

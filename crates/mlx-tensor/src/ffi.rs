@@ -150,6 +150,10 @@ pub(crate) mod sys {
         fn gpu_available() -> bool;
         fn device_name() -> Result<String>;
         fn synchronize() -> Result<()>;
+        fn new_stream(gpu: bool) -> Result<i32>;
+        fn default_stream_index(gpu: bool) -> Result<i32>;
+        fn set_default_stream(index: i32, gpu: bool) -> Result<()>;
+        fn synchronize_stream(index: i32, gpu: bool) -> Result<()>;
         fn active_memory() -> usize;
         fn peak_memory() -> usize;
         fn reset_peak_memory();

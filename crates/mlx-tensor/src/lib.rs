@@ -8,7 +8,7 @@
 //! Names follow mlx-rs where they fit: [`Array`], [`ops`], [`fast`], [`random`].
 //!
 //! # Threads: nothing is `Send`
-//! [`Array`], [`Pinned`], [`PinSet`] and [`io::Safetensors`] are neither `Send`
+//! [`Array`], [`Pinned`], [`PinSet`], [`Stream`] and [`io::Safetensors`] are neither `Send`
 //! nor `Sync`, and that is deliberate. MLX keeps a default stream per thread
 //! (an array is scheduled on the stream of the thread that built it), and its
 //! graph and evaluation code is not documented as safe for concurrent use of
@@ -70,7 +70,7 @@ pub mod random;
 
 pub use array::{Array, Shape, async_eval, eval};
 pub use device::{
-    Device, blas_info, default_device, device_name, gpu_available, memory, mlx_version,
+    Device, Stream, blas_info, default_device, device_name, gpu_available, memory, mlx_version,
     set_default_device, synchronize,
 };
 pub use dtype::{Dtype, Element};

@@ -77,3 +77,31 @@ fn library_facts() {
         assert!(blas.starts_with("OpenBLAS"), "{blas}");
     }
 }
+
+#[test]
+fn stream_choice() {
+    let default = mlx_tensor::Stream::default_for(Device::Cpu).unwrap();
+    assert_eq!(default.device(), Device::Cpu);
+    let s = mlx_tensor::Stream::new(Device::Cpu).unwrap();
+    assert_ne!(s, default, "a new stream has its own index");
+    s.set_default().unwrap();
+    assert_eq!(mlx_tensor::Stream::default_for(Device::Cpu).unwrap(), s);
+    let x = Array::from_slice(&[1.0f32, 2.0], &[2])
+        .unwrap()
+        .multiply(&Array::from_f32(3.0).unwrap())
+        .unwrap();
+    x.async_eval().unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(x.to_vec::<f32>().unwrap(), [3.0, 6.0]);
+    default.set_default().unwrap();
+    assert_eq!(
+        mlx_tensor::Stream::default_for(Device::Cpu).unwrap(),
+        default
+    );
+    if !mlx_tensor::gpu_available() {
+        assert!(
+            mlx_tensor::Stream::new(Device::Gpu).is_err(),
+            "no GPU stream on a CPU build"
+        );
+    }
+}
