@@ -184,15 +184,10 @@ impl Cache for KvCache {
                 Ok(())
             }
             Payload::Kv { kv } => {
-                match kv {
-                    Some((k, v)) if target > 0 => {
-                        let (k, v) = (
-                            k.slice_axis(2, 0, target as i32)?,
-                            v.slice_axis(2, 0, target as i32)?,
-                        );
-                        self.write_at(&k, &v, 0)?;
-                    }
-                    _ => self.offset = 0,
+                if let Some((k, v)) = kv.as_ref().filter(|_| target > 0) {
+                    let end = target as i32;
+                    let (k, v) = (k.slice_axis(2, 0, end)?, v.slice_axis(2, 0, end)?);
+                    self.write_at(&k, &v, 0)?;
                 }
                 self.offset = target;
                 self.epoch += 1;
