@@ -135,7 +135,8 @@ pub mod memory {
     pub fn peak() -> usize {
         sys::peak_memory()
     }
-    /// Resets the peak to the current active figure.
+    /// Resets the peak to zero (MLX's behaviour, even while arrays are live);
+    /// the next allocation raises it again.
     pub fn reset_peak() {
         sys::reset_peak_memory()
     }

@@ -54,6 +54,7 @@ fn peak_cache_and_limits() {
     let _g = lock();
     let before = memory::active();
     memory::reset_peak();
+    assert_eq!(memory::peak(), 0, "reset_peak zeroes the peak");
     let a = big();
     assert!(
         memory::active() >= before + 4 * MIB,
