@@ -1,6 +1,253 @@
-//! The `mtp-runner` binary.
-fn main() -> anyhow::Result<()> {
-    let a = mlx_tensor::Array::from_slice(&[1.0f32, 2.0], &[2])?;
-    let _ = a.sum(&[0], false)?.item::<f32>()?;
+//! The `mtp-runner` binary: argument parsing, progress and output around `runner`.
+//!
+//! All MLX work happens on the main thread; the Ctrl-C handler only sets a flag
+//! that the generation loop checks every token.
+
+mod args;
+mod report;
+
+use std::io::{IsTerminal, Read, Write};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use mlx_tensor::{Device, Dtype};
+use runner::chat::Message;
+use runner::{FinishReason, GenerateOptions, LoadOptions, SamplingOptions, Session};
+
+use args::{Cli, Command, DeviceArg, DtypeArg, GenerateArgs, InfoArgs};
+
+/// Exit code for a usage error or bad input.
+const EXIT_BAD_INPUT: u8 = 2;
+/// Exit code for a runtime failure.
+const EXIT_RUNTIME: u8 = 1;
+/// Exit code after Ctrl-C (128 + SIGINT).
+const EXIT_INTERRUPTED: u8 = 130;
+
+/// A usage problem found by the CLI itself (exit code 2).
+#[derive(Debug)]
+struct Usage(String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.verbose);
+    let result = match cli.command {
+        Command::Generate(a) => generate(a, cli.verbose),
+        Command::Info(a) => info(a),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("error: {e:#}");
+            }
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}
+
+/// Bad input (ours or the library's) is 2; everything else is 1.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    for cause in e.chain() {
+        if cause.is::<Usage>() {
+            return EXIT_BAD_INPUT;
+        }
+        if let Some(r) = cause.downcast_ref::<runner::Error>() {
+            return if r.is_bad_input() {
+                EXIT_BAD_INPUT
+            } else {
+                EXIT_RUNTIME
+            };
+        }
+    }
+    EXIT_RUNTIME
+}
+
+fn init_tracing(verbose: bool) {
+    use tracing_subscriber::EnvFilter;
+    let default = if verbose { "info" } else { "warn" };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+fn info(a: InfoArgs) -> Result<u8> {
+    let i = runner::inspect(&a.model)
+        .with_context(|| format!("reading model folder {}", a.model.display()))?;
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        serde_json::to_writer_pretty(&mut out, &report::InfoReport::new(&i))?;
+        writeln!(out)?;
+    } else {
+        writeln!(out, "{}", report::info_text(&i))?;
+    }
+    Ok(0)
+}
+
+fn set_device(d: DeviceArg) -> Result<()> {
+    let gpu = match d {
+        DeviceArg::Cpu => false,
+        DeviceArg::Gpu if !mlx_tensor::gpu_available() => {
+            return Err(Usage(
+                "--device gpu: this MLX build has no GPU backend; use --device cpu".into(),
+            )
+            .into());
+        }
+        DeviceArg::Gpu => true,
+        DeviceArg::Auto => mlx_tensor::gpu_available(),
+    };
+    mlx_tensor::set_default_device(if gpu { Device::Gpu } else { Device::Cpu })
+        .context("selecting the MLX device")?;
+    tracing::info!(device = %mlx_tensor::device_name().unwrap_or_default(), "device");
     Ok(())
+}
+
+fn read_prompt(a: &GenerateArgs) -> Result<String> {
+    if let Some(p) = &a.prompt {
+        return Ok(p.clone());
+    }
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Err(Usage("no prompt: pass --prompt TEXT or pipe text on stdin".into()).into());
+    }
+    let mut s = String::new();
+    stdin
+        .lock()
+        .read_to_string(&mut s)
+        .context("reading the prompt from stdin")?;
+    Ok(s)
+}
+
+fn sampling(a: &GenerateArgs, g: &runner::GenerationConfig) -> SamplingOptions {
+    let greedy_default = g.do_sample == Some(false) || g.temperature.is_none();
+    SamplingOptions {
+        temperature: a.temperature.unwrap_or(if greedy_default {
+            0.0
+        } else {
+            g.temperature.unwrap_or(0.0)
+        }),
+        top_k: a.top_k.or(g.top_k.map(|k| k.max(0) as usize)).unwrap_or(0),
+        top_p: a.top_p.or(g.top_p).unwrap_or(1.0),
+        min_p: a.min_p.or(g.min_p).unwrap_or(0.0),
+        repeat_last_n: a.repeat_last_n,
+        repeat_penalty: a.repeat_penalty.or(g.repetition_penalty).unwrap_or(1.0),
+        presence_penalty: a.presence_penalty,
+        frequency_penalty: a.frequency_penalty,
+        seed: a.seed,
+    }
+}
+
+fn load_with_progress(a: &GenerateArgs) -> Result<runner::LoadedModel> {
+    let dtype = match a.dtype {
+        DtypeArg::F32 => Dtype::Float32,
+        DtypeArg::Bf16 => Dtype::Bfloat16,
+        DtypeArg::F16 => Dtype::Float16,
+    };
+    let opts = LoadOptions {
+        dtype,
+        ..LoadOptions::default()
+    };
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} files")
+                .expect("static template"),
+        );
+        b
+    });
+    let m = runner::load(&a.model, opts, |done, total| {
+        if let Some(b) = &bar {
+            b.set_length(total as u64);
+            b.set_position(done as u64);
+        }
+    })
+    .with_context(|| format!("loading model from {}", a.model.display()))?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(m)
+}
+
+#[allow(clippy::print_stderr)]
+fn generate(a: GenerateArgs, verbose: bool) -> Result<u8> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    {
+        let c = Arc::clone(&cancel);
+        ctrlc::set_handler(move || c.store(true, Ordering::Relaxed))
+            .context("installing the Ctrl-C handler")?;
+    }
+    set_device(a.device)?;
+    let prompt_text = read_prompt(&a)?;
+    let m = load_with_progress(&a)?;
+    let prompt = if a.chat {
+        let mut msgs = Vec::new();
+        if let Some(s) = &a.system {
+            msgs.push(Message::new("system", s));
+        }
+        msgs.push(Message::new("user", &prompt_text));
+        let text = runner::chat::apply_chat_template(&m.tokenizer, &msgs)
+            .context("formatting the prompt with the chat template (--chat)")?;
+        m.tokenizer.encode(&text, false)
+    } else {
+        m.tokenizer.encode(&prompt_text, true)
+    }
+    .context("tokenizing the prompt")?;
+    let opts = GenerateOptions {
+        max_tokens: a.max_tokens,
+        sampling: sampling(&a, &m.generation_config),
+        stop: a.stop.clone(),
+        fallback_seed: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+        ..GenerateOptions::default()
+    };
+    tracing::info!(prompt_tokens = prompt.len(), ?opts.sampling, "generating");
+    let mut session = Session::new(m.model.as_ref());
+    let mut stdout = std::io::stdout().lock();
+    let mut write_err = None;
+    let g = session
+        .generate(&m.tokenizer, &prompt, &opts, &cancel, |text| {
+            if !a.json && write_err.is_none() {
+                write_err = stdout
+                    .write_all(text.as_bytes())
+                    .and_then(|_| stdout.flush())
+                    .err();
+            }
+        })
+        .context("generating")?;
+    if let Some(e) = write_err {
+        // A closed pipe (`| head`) is not a failure of the model.
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e).context("writing to stdout");
+        }
+    }
+    if a.json {
+        serde_json::to_writer(&mut stdout, &report::GenerateReport::new(&g))?;
+        writeln!(stdout)?;
+    } else {
+        let _ = writeln!(stdout);
+    }
+    if verbose {
+        eprintln!("{}", report::stats_line(&g));
+    }
+    Ok(if g.finish == FinishReason::Cancelled {
+        EXIT_INTERRUPTED
+    } else {
+        0
+    })
 }

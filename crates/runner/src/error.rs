@@ -165,3 +165,14 @@ pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path) 
         message: e.to_string(),
     })
 }
+
+impl Error {
+    /// True when the input (files, config, options, prompt) is at fault rather than
+    /// the runtime: callers map this to a "bad input" exit code.
+    pub fn is_bad_input(&self) -> bool {
+        !matches!(
+            self,
+            Error::Io { .. } | Error::Encode(_) | Error::Cache(_) | Error::Mlx(_)
+        )
+    }
+}

@@ -1,0 +1,137 @@
+//! Command-line arguments (clap derive).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Run LLMs on MLX from the command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "mtp-runner",
+    version,
+    about = "Generate text with Hugging Face models on MLX",
+    after_help = "EXAMPLES:
+  mtp-runner generate --model models/tiny-mtp --prompt 'Once upon a time' --max-tokens 64
+  echo 'Why is the sky blue?' | mtp-runner generate --model DIR --chat --temperature 0.7 --seed 1
+  mtp-runner generate --model DIR --prompt 'List:' --stop '\\n\\n' --json
+  mtp-runner info --model models/tiny-mtp
+
+EXIT CODES:
+  0    success
+  1    runtime failure (MLX, I/O)
+  2    usage error or bad input (missing/corrupt files, unknown architecture,
+       invalid options, prompt longer than the context)
+  130  interrupted (Ctrl-C); the text generated so far has been printed
+
+ENVIRONMENT:
+  RUST_LOG   log filter (for example `runner=debug`); --verbose sets `info`"
+)]
+pub struct Cli {
+    /// Log progress and statistics to stderr.
+    #[arg(long, short, global = true)]
+    pub verbose: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate a continuation of a prompt, streaming text to stdout.
+    #[command(allow_negative_numbers = true)]
+    Generate(GenerateArgs),
+    /// Describe a model folder without loading its weights.
+    Info(InfoArgs),
+}
+
+/// `generate` options.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Model folder (config.json, *.safetensors, tokenizer.json).
+    #[arg(long, short)]
+    pub model: PathBuf,
+    /// Prompt text; read from stdin when absent.
+    #[arg(long, short)]
+    pub prompt: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, short = 'n', default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy. Default: generation_config.json, else 0.
+    #[arg(long, short)]
+    pub temperature: Option<f32>,
+    /// Keep the K most likely tokens (0 = off).
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Nucleus sampling mass in (0, 1].
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Drop tokens below M × the top probability, in [0, 1).
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Repetition penalty (1 = off).
+    #[arg(long)]
+    pub repeat_penalty: Option<f32>,
+    /// Tokens the penalties look back over.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Presence penalty (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Frequency penalty (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Random seed (default: from the clock).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Format the prompt with the model's chat template as a user message.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message for --chat.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// Stop before this string (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Print one JSON object with the text, token ids and statistics instead of streaming.
+    #[arg(long)]
+    pub json: bool,
+    /// Where to run.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    pub device: DeviceArg,
+    /// Compute dtype (f32 is fastest on the CPU).
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    pub dtype: DtypeArg,
+}
+
+/// `info` options.
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// Model folder.
+    #[arg(long, short)]
+    pub model: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    /// The CPU backend.
+    Cpu,
+    /// The GPU (CUDA or Metal build of MLX).
+    Gpu,
+    /// The GPU when the MLX build has one, else the CPU.
+    Auto,
+}
+
+/// `--dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DtypeArg {
+    /// 32-bit float.
+    F32,
+    /// bfloat16.
+    Bf16,
+    /// IEEE half.
+    F16,
+}

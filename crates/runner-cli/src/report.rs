@@ -1,0 +1,153 @@
+//! What the CLI prints: the `--json` object and the human-readable summaries.
+
+use serde::Serialize;
+
+use runner::{FinishReason, Generation, ModelInfo};
+
+/// The final `--json` object of `generate`.
+#[derive(Debug, Serialize)]
+pub struct GenerateReport<'a> {
+    /// Generated text (cut before a stop string).
+    pub text: &'a str,
+    /// Generated token ids (without a final EOS).
+    pub token_ids: &'a [u32],
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Tokens generated (an EOS that ended generation counts).
+    pub generated_tokens: usize,
+    /// Prompt tokens per second (time to first token).
+    pub prefill_tps: f64,
+    /// Generated tokens per second after the first.
+    pub decode_tps: f64,
+    /// MLX peak memory in bytes.
+    pub peak_memory_bytes: usize,
+    /// `eos`, `length`, `stop` or `cancelled`.
+    pub finish_reason: &'static str,
+    /// Seconds to the first token.
+    pub prefill_seconds: f64,
+    /// Seconds after the first token.
+    pub decode_seconds: f64,
+}
+
+impl<'a> GenerateReport<'a> {
+    /// The report of `g`.
+    pub fn new(g: &'a Generation) -> Self {
+        let s = &g.stats;
+        GenerateReport {
+            text: &g.text,
+            token_ids: &g.token_ids,
+            prompt_tokens: s.prompt_tokens,
+            generated_tokens: s.generated_tokens,
+            prefill_tps: s.prefill_tps(),
+            decode_tps: s.decode_tps(),
+            peak_memory_bytes: s.peak_memory_bytes,
+            finish_reason: finish_name(g.finish),
+            prefill_seconds: s.prefill_time.as_secs_f64(),
+            decode_seconds: s.decode_time.as_secs_f64(),
+        }
+    }
+}
+
+/// The JSON name of a finish reason.
+pub fn finish_name(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Eos => "eos",
+        FinishReason::Length => "length",
+        FinishReason::Stop => "stop",
+        FinishReason::Cancelled => "cancelled",
+    }
+}
+
+/// One line of statistics for stderr.
+pub fn stats_line(g: &Generation) -> String {
+    let s = &g.stats;
+    format!(
+        "prompt: {} tokens, {:.1} tokens/s | generation: {} tokens, {:.1} tokens/s | peak memory: {:.1} MiB | finish: {}",
+        s.prompt_tokens,
+        s.prefill_tps(),
+        s.generated_tokens,
+        s.decode_tps(),
+        s.peak_memory_bytes as f64 / (1 << 20) as f64,
+        finish_name(g.finish)
+    )
+}
+
+/// `info` as text.
+pub fn info_text(i: &ModelInfo) -> String {
+    let dtypes: Vec<String> = i
+        .dtypes
+        .iter()
+        .map(|(d, n)| format!("{d} ({n} tensors)"))
+        .collect();
+    format!(
+        "architecture:   {} (family {}, model_type {})\n\
+         parameters:     {} ({:.2} M)\n\
+         dtypes:         {}\n\
+         layers:         {}\n\
+         hidden size:    {}\n\
+         vocab size:     {}\n\
+         context length: {}\n\
+         MTP head:       {}",
+        i.architecture,
+        i.family,
+        i.model_type,
+        i.parameter_count,
+        i.parameter_count as f64 / 1e6,
+        dtypes.join(", "),
+        i.layers,
+        i.hidden_size,
+        i.vocab_size,
+        i.context_length,
+        match (i.mtp_head, i.mtp_layers_declared) {
+            (true, n) => format!("found ({n} layer(s) declared in config.json)"),
+            (false, 0) => "none".to_owned(),
+            (false, n) => format!("declared ({n} layer(s)) but no MTP tensors in the checkpoint"),
+        }
+    )
+}
+
+/// `info` as JSON.
+#[derive(Debug, Serialize)]
+pub struct InfoReport<'a> {
+    /// `architectures[0]`.
+    pub architecture: &'a str,
+    /// Registered family.
+    pub family: &'a str,
+    /// `model_type`.
+    pub model_type: &'a str,
+    /// Elements over all tensors.
+    pub parameter_count: usize,
+    /// Tensor counts by dtype.
+    pub dtypes: &'a std::collections::BTreeMap<String, usize>,
+    /// MTP tensors present.
+    pub mtp_head: bool,
+    /// MTP layers declared in config.json.
+    pub mtp_layers_declared: usize,
+    /// Context length.
+    pub context_length: usize,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Residual width.
+    pub hidden_size: usize,
+    /// Vocabulary rows.
+    pub vocab_size: usize,
+}
+
+impl<'a> InfoReport<'a> {
+    /// The report of `i`.
+    pub fn new(i: &'a ModelInfo) -> Self {
+        InfoReport {
+            architecture: &i.architecture,
+            family: &i.family,
+            model_type: &i.model_type,
+            parameter_count: i.parameter_count,
+            dtypes: &i.dtypes,
+            mtp_head: i.mtp_head,
+            mtp_layers_declared: i.mtp_layers_declared,
+            context_length: i.context_length,
+            layers: i.layers,
+            hidden_size: i.hidden_size,
+            vocab_size: i.vocab_size,
+        }
+    }
+}

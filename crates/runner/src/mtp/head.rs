@@ -1,0 +1,152 @@
+//! [`MtpHead`]: one MTP layer, implementing `mtp_draft::DraftHead`.
+
+use kvcache::{Cache, KvCache};
+use mlx_tensor::{Array, Dtype, ops};
+use mtp_draft::{DraftHead, HeadOutput};
+
+use super::layout::{MtpLayout, zero_centred_norms};
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::models::layers::{Linear, LinearLayout, RmsNorm};
+use crate::models::llama::{Layer, Variant};
+use crate::models::rope::Rope;
+use crate::weights::Weights;
+
+/// A multi-token-prediction layer over a trunk's shared embedding and LM head.
+///
+/// Row `i` of a forward fuses the embedding of the look-ahead token `t[i]`
+/// with the trunk's post-final-norm hidden `h[i]`, projects `2H → H`, runs one
+/// decoder block at draft-cache slot `position + i`, and normalises; the
+/// result predicts the token after `t[i]`.
+#[derive(Debug)]
+pub struct MtpHead {
+    layout: MtpLayout,
+    embed: Array,
+    embed_norm: RmsNorm,
+    hidden_norm: RmsNorm,
+    proj: Linear,
+    block: Layer,
+    final_norm: RmsNorm,
+    lm_head: Linear,
+    rope: Rope,
+    /// One KV cache: the block's attention over earlier draft slots.
+    caches: Vec<Box<dyn Cache>>,
+    hidden_size: i32,
+}
+
+impl MtpHead {
+    /// Loads the head of `layout` from `w`, sharing `embed` (`[V, H]`) and,
+    /// unless the layout carries its own, the trunk's `lm_head`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn load(
+        layout: MtpLayout,
+        c: &ModelConfig,
+        w: &mut Weights,
+        variant: Variant,
+        linear: LinearLayout,
+        embed: &Array,
+        lm_head: &Linear,
+        rope: &Rope,
+    ) -> Result<MtpHead> {
+        let names = layout.names(c);
+        let h = c.hidden_size;
+        let shift = zero_centred_norms(c);
+        let norm = |w: &mut Weights, name: &str| -> Result<RmsNorm> {
+            let n = RmsNorm::load(w, name, h, c.rms_norm_eps)?;
+            Ok(if shift { n.shifted_by_one()? } else { n })
+        };
+        let embed_norm = norm(w, &names.embed_norm)?;
+        let hidden_norm = norm(w, &names.hidden_norm)?;
+        let proj = Linear::load(w, &names.proj, 2 * h, h, false, linear)?;
+        let block = Layer::load(c, w, &names.block, variant, linear)?;
+        let block = if shift { block.with_shifted_norms()? } else { block };
+        let final_norm = norm(w, &names.final_norm)?;
+        if let Some(dup) = &names.duplicate_embed {
+            let _ = w.take_optional(dup, &[c.vocab_size as i32, h as i32])?;
+        }
+        let own_head = match &names.head {
+            Some(p) => w.take_optional(&format!("{p}.weight"), &[c.vocab_size as i32, h as i32])?,
+            None => None,
+        };
+        let lm_head = match own_head {
+            Some(weight) => Linear::from_weight(&weight, None, linear)?,
+            None => lm_head.clone(),
+        };
+        let head = MtpHead {
+            layout,
+            embed: embed.clone(),
+            embed_norm,
+            hidden_norm,
+            proj,
+            block,
+            final_norm,
+            lm_head,
+            rope: rope.clone(),
+            caches: vec![Box::new(KvCache::new())],
+            hidden_size: h as i32,
+        };
+        mlx_tensor::eval(&head.arrays())?;
+        Ok(head)
+    }
+
+    /// The tensor layout this head was loaded from.
+    pub fn layout(&self) -> MtpLayout {
+        self.layout
+    }
+
+    fn arrays(&self) -> Vec<Array> {
+        let mut v = self.proj.arrays();
+        v.extend(self.block.arrays());
+        v.extend(self.lm_head.arrays());
+        v
+    }
+
+    fn forward_rows(&mut self, tokens: &Array, hiddens: &Array, position: usize) -> Result<HeadOutput> {
+        let l = tokens.dim(0);
+        let offset = self.caches[0].offset();
+        if offset != position {
+            return Err(Error::Internal(format!(
+                "MTP head asked to write slot {position} but its cache is at {offset}"
+            )));
+        }
+        let e = self.embed_norm.forward(&self.embed.take(tokens, 0)?)?;
+        let g = self.hidden_norm.forward(&hiddens.as_type(e.dtype())?)?;
+        let fused = if self.layout.hidden_first() {
+            ops::concatenate(&[g, e], -1)?
+        } else {
+            ops::concatenate(&[e, g], -1)?
+        };
+        let u = self.proj.forward(&fused)?.reshape(&[1, l, self.hidden_size])?;
+        let o = self.block.forward(&u, self.caches[0].as_mut(), &self.rope)?;
+        let o = o.reshape(&[l, self.hidden_size])?;
+        Ok(if self.layout.norm_in_head() {
+            HeadOutput { out: o.clone(), hidden: o }
+        } else {
+            let n = self.final_norm.forward(&o)?;
+            HeadOutput { out: n.clone(), hidden: n }
+        })
+    }
+}
+
+impl DraftHead for MtpHead {
+    fn forward(&mut self, tokens: &Array, hiddens: &Array, position: usize) -> mtp_draft::Result<HeadOutput> {
+        self.forward_rows(tokens, hiddens, position).map_err(|e| mtp_draft::Error::Head(Box::new(e)))
+    }
+
+    fn unembed(&mut self, out: &Array) -> mtp_draft::Result<Array> {
+        let run = || -> Result<Array> {
+            let x = if self.layout.norm_in_head() { self.final_norm.forward(out)? } else { out.clone() };
+            let logits = self.lm_head.forward(&x)?;
+            Ok(if logits.dtype() == Dtype::Float32 { logits } else { logits.as_type(Dtype::Float32)? })
+        };
+        run().map_err(|e| mtp_draft::Error::Head(Box::new(e)))
+    }
+
+    fn caches(&self) -> &[Box<dyn Cache>] {
+        &self.caches
+    }
+
+    fn caches_mut(&mut self) -> &mut [Box<dyn Cache>] {
+        &mut self.caches
+    }
+}

@@ -1,0 +1,108 @@
+//! One speculative round: draft, verify in one target forward, accept, rewind.
+//!
+//! A round starts from `current`, the emitted token whose target forward has
+//! not run, at slot `pos`. The drafter proposes `d_1..d_k`; the target runs
+//! `[current, d_1..d_k]` in one forward, giving `k + 1` distributions; the
+//! sampler's chain rule accepts a prefix `d_1..d_a` and draws the next token
+//! from the residual (or the bonus row). Everything from the forward to the
+//! acceptance is one lazy graph, evaluated with a single host sync. Then every
+//! target cache is rewound to `pos + a + 1` and the draft session is told which
+//! run was committed. An end-of-sequence token among the accepted drafts ends
+//! the request there and is not committed.
+
+use std::time::Instant;
+
+use kvcache::restore_all;
+use mlx_tensor::{Array, ops};
+use mtp_draft::{DraftHead, DraftSampling, DraftSession};
+use sampler::{Distribution, History, KeyStream, Options, accept_chain, sample_next};
+
+use crate::error::Result;
+use crate::generate::Session;
+
+/// What one round did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundOutcome {
+    /// Draft tokens proposed (0 for a plain step).
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+    /// Tokens to emit, in order: the accepted drafts, then the next token;
+    /// cut after an end-of-sequence token.
+    pub emitted: Vec<u32>,
+    /// Wall time of the round in seconds.
+    pub seconds: f64,
+}
+
+impl Session<'_> {
+    /// Runs one round at depth `depth` (0, or an unprimed drafter: a plain step
+    /// that still reports its run to the draft session).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn spec_round<H: DraftHead>(
+        &mut self,
+        draft: &mut DraftSession<'_, H>,
+        current: u32,
+        depth: usize,
+        opts: &Options,
+        history: &History,
+        keys: &mut KeyStream,
+        eos: &[u32],
+    ) -> Result<RoundOutcome> {
+        let t0 = Instant::now();
+        let pos = self.offset();
+        let cur = Array::from_slice(&[current], &[1])?;
+        let proposal = if depth > 0 {
+            draft.propose(&cur, depth, DraftSampling { options: opts, history, keys })?
+        } else {
+            None
+        };
+        let Some(proposal) = proposal else {
+            let hidden = self.model.forward(&cur, &mut self.caches)?;
+            let logits = self.model.unembed(&hidden)?;
+            let y = sample_next(&logits, opts, history, &keys.next_key()?)?;
+            let mut state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
+            state.push(y.clone());
+            state.push(hidden.clone());
+            mlx_tensor::eval(&state)?;
+            let next: u32 = y.item()?;
+            draft.committed(&cur, &hidden, pos)?;
+            self.committed.push(current);
+            return Ok(RoundOutcome {
+                drafted: 0,
+                accepted: 0,
+                emitted: vec![next],
+                seconds: t0.elapsed().as_secs_f64(),
+            });
+        };
+
+        let k = proposal.len;
+        let input = ops::concatenate(&[cur, proposal.tokens.clone()], 0)?;
+        let hidden = self.model.forward(&input, &mut self.caches)?;
+        let logits = self.model.unembed(&hidden)?;
+        // Penalties see the draft chain up to each row; without penalties the
+        // chain is irrelevant and reading it would cost a sync.
+        let chain = if opts.uses_penalties() { proposal.tokens.to_vec::<u32>()? } else { Vec::new() };
+        let target = Distribution::from_logits(&logits, opts, history, &chain)?;
+        let acceptance = accept_chain(&target, &proposal.dist, &proposal.tokens, &keys.next_key()?)?;
+        let mut state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
+        state.push(acceptance.packed().clone());
+        state.push(hidden.clone());
+        mlx_tensor::eval(&state)?;
+        let mut emitted = acceptance.read_emitted()?;
+        let accepted = emitted.len() - 1;
+        // Keep `current` and the accepted drafts before any end-of-sequence token.
+        let keep_drafts = match emitted.iter().position(|t| eos.contains(t)) {
+            Some(i) => {
+                emitted.truncate(i + 1);
+                i.min(accepted)
+            }
+            None => accepted,
+        };
+        let keep = keep_drafts + 1;
+        restore_all(&mut self.caches, pos + keep, &[])?;
+        draft.committed(&input.slice_axis(0, 0, keep as i32)?, &hidden.slice_axis(0, 0, keep as i32)?, pos)?;
+        self.committed.push(current);
+        self.committed.extend_from_slice(&emitted[..keep_drafts]);
+        Ok(RoundOutcome { drafted: k, accepted, emitted, seconds: t0.elapsed().as_secs_f64() })
+    }
+}
