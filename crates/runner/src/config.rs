@@ -193,7 +193,7 @@ impl ModelConfig {
         }
         let heads = raw.num_attention_heads;
         let kv = raw.num_key_value_heads.unwrap_or(heads);
-        if kv == 0 || heads % kv != 0 {
+        if kv == 0 || !heads.is_multiple_of(kv) {
             return Err(bad(
                 "num_key_value_heads",
                 format!("{kv} must be positive and divide num_attention_heads ({heads})"),
@@ -202,7 +202,7 @@ impl ModelConfig {
         let head_dim = match raw.head_dim {
             Some(0) => return Err(bad("head_dim", "must be positive".into())),
             Some(d) => d,
-            None if raw.hidden_size % heads == 0 => raw.hidden_size / heads,
+            None if raw.hidden_size.is_multiple_of(heads) => raw.hidden_size / heads,
             None => {
                 return Err(bad(
                     "head_dim",
@@ -216,7 +216,7 @@ impl ModelConfig {
         if head_dim % 2 != 0 {
             return Err(bad("head_dim", format!("{head_dim} must be even for RoPE")));
         }
-        if !(raw.rope_theta > 0.0) {
+        if raw.rope_theta.is_nan() || raw.rope_theta <= 0.0 {
             return Err(bad(
                 "rope_theta",
                 format!("{} must be positive", raw.rope_theta),
@@ -261,7 +261,7 @@ fn parse_scaling(s: RopeScalingRaw, path: &Path) -> Result<RopeScaling> {
     };
     let kind = s.rope_type.clone().or(s.kind.clone()).unwrap_or_default();
     let factor = s.factor.unwrap_or(1.0);
-    if !(factor > 0.0) {
+    if factor.is_nan() || factor <= 0.0 {
         return Err(bad(format!("factor {factor} must be positive")));
     }
     match kind.as_str() {

@@ -39,18 +39,14 @@ pub trait Model: std::fmt::Debug {
         self.config().max_position_embeddings
     }
 
-    /// The model's multi-token-prediction head, when it has one that is wired up.
+    /// A fresh multi-token-prediction head (with empty draft caches) for one
+    /// request, when the checkpoint has one and the family wires it up.
     ///
-    /// The seam for speculative decoding; no family returns one yet.
-    fn mtp_head(&self) -> Option<&dyn MtpHead> {
+    /// The seam for speculative decoding: the head shares the model's arrays
+    /// (clones are cheap handles). No family returns one yet.
+    fn mtp_head(&self) -> Option<Box<dyn mtp_draft::DraftHead>> {
         None
     }
-}
-
-/// Placeholder for the MTP head the speculative loop will drive (see `mtp-draft`).
-pub trait MtpHead: std::fmt::Debug {
-    /// Depth of the head (draft tokens per forward chain).
-    fn depth(&self) -> usize;
 }
 
 /// Builds a model of one family from its config and weights.

@@ -31,7 +31,7 @@ fn check(arch: Arch, tied: bool) {
         .generate(&m.tokenizer, &prompt, &greedy(12), &stop, |_| {})
         .unwrap();
     let n = g.stats.generated_tokens;
-    assert!(n >= 1 && n <= 12, "{arch:?} tied={tied}: generated {n}");
+    assert!((1..=12).contains(&n), "{arch:?} tied={tied}: generated {n}");
     if g.finish == FinishReason::Length {
         assert_eq!(n, 12);
     }
