@@ -1,6 +1,6 @@
 //! Measures plain greedy decode speed on a model folder, one JSON line per run.
 //!
-//! `cargo run --release -p runner --example decode-bench -- --model DIR [--tokens N] [--runs R] [--layout view|pre] [--prompt TEXT]`
+//! `cargo run --release -p runner --example decode-bench -- --model DIR [--tokens N] [--runs R] [--layout view|pre] [--no-pipeline] [--prompt TEXT]`
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut model, mut tokens, mut runs) = (None, 128usize, 3usize);
     let mut layout = LinearLayout::DEFAULT;
     let mut prompt = "Once upon a time".to_owned();
+    let mut pipeline = true;
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
@@ -19,6 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--tokens" => tokens = val()?.parse()?,
             "--runs" => runs = val()?.parse()?,
             "--prompt" => prompt = val()?,
+            "--no-pipeline" => pipeline = false,
             "--layout" => {
                 layout = match val()?.as_str() {
                     "view" => LinearLayout::TransposedView,
@@ -39,6 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let gen_opts = GenerateOptions {
         max_tokens: tokens,
         sampling: SamplingOptions::greedy(),
+        pipeline,
         ..GenerateOptions::default()
     };
     let never = AtomicBool::new(false);
@@ -53,7 +56,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             |_| {},
         )?;
         let line = serde_json::json!({
-            "engine": "mtp-runner", "layout": format!("{layout:?}"), "run": run,
+            "engine": "mtp-runner", "layout": format!("{layout:?}"), "pipeline": pipeline, "run": run,
             "prompt_tokens": g.stats.prompt_tokens, "generated_tokens": g.stats.generated_tokens,
             "prefill_tps": g.stats.prefill_tps(), "decode_tps": g.stats.decode_tps(),
         });

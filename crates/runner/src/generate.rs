@@ -35,6 +35,9 @@ pub struct GenerateOptions {
     pub prefill_chunk: usize,
     /// Seed used when `sampling.seed` is `None`.
     pub fallback_seed: u64,
+    /// Keep the device one token ahead (turned off anyway when penalties need
+    /// each token on the host before the next sample).
+    pub pipeline: bool,
 }
 
 impl Default for GenerateOptions {
@@ -45,6 +48,7 @@ impl Default for GenerateOptions {
             stop: Vec::new(),
             prefill_chunk: PREFILL_CHUNK,
             fallback_seed: 0,
+            pipeline: true,
         }
     }
 }
@@ -228,7 +232,7 @@ impl<'m> Session<'m> {
         history.commit(&self.committed);
         history.commit(seed);
         let mut keys = KeyStream::new(sampling.seed.unwrap_or(opts.fallback_seed));
-        let pipelined = !sampling.uses_penalties();
+        let pipelined = opts.pipeline && !sampling.uses_penalties();
         let eos: Vec<u32> = {
             let mut e = tok.eos_ids().to_vec();
             e.extend(

@@ -30,8 +30,9 @@ fn ids(v: &Value) -> Vec<u32> {
 
 #[test]
 fn bundled_models_match_mlx_lm() {
-    let text = std::fs::read_to_string(root().join("crates/runner/tests/fixtures/mlx_lm_reference.json"))
-        .expect("reference fixture present");
+    let text =
+        std::fs::read_to_string(root().join("crates/runner/tests/fixtures/mlx_lm_reference.json"))
+            .expect("reference fixture present");
     let reference: Value = serde_json::from_str(&text).unwrap();
     let max_tokens = reference["max_tokens"].as_u64().unwrap() as usize;
     let mut compared = 0;
@@ -48,10 +49,12 @@ fn bundled_models_match_mlx_lm() {
             let a = Array::from_slice(&got_ids, &[got_ids.len() as i32]).unwrap();
             let h = model.forward(&a, &mut model.new_caches()).unwrap();
             let n = h.dim(0);
-            let logits = model
-                .unembed(&h.slice_axis(0, n - 1, n).unwrap())
+            let logits = model.unembed(&h.slice_axis(0, n - 1, n).unwrap()).unwrap();
+            let lse = logits
+                .logsumexp(&[-1], false)
+                .unwrap()
+                .item::<f32>()
                 .unwrap();
-            let lse = logits.logsumexp(&[-1], false).unwrap().item::<f32>().unwrap();
             let logits = logits.to_vec::<f32>().unwrap();
             let top = ids(&case["top_ids"]);
             let top_vals: Vec<f32> = case["top_logits"]
@@ -62,9 +65,15 @@ fn bundled_models_match_mlx_lm() {
                 .collect();
             let ours: Vec<f32> = top.iter().map(|&i| logits[i as usize]).collect();
             let d = common::max_abs_diff(&ours, &top_vals);
-            assert!(d < LOGIT_TOL, "{model_dir} {prompt:?}: top-32 logits differ by {d}");
+            assert!(
+                d < LOGIT_TOL,
+                "{model_dir} {prompt:?}: top-32 logits differ by {d}"
+            );
             let want_lse = case["logsumexp"].as_f64().unwrap() as f32;
-            assert!((lse - want_lse).abs() < LOGIT_TOL, "{model_dir}: logsumexp {lse} vs {want_lse}");
+            assert!(
+                (lse - want_lse).abs() < LOGIT_TOL,
+                "{model_dir}: logsumexp {lse} vs {want_lse}"
+            );
 
             // 64 greedy tokens through the pipelined loop (mlx-lm does not stop at EOS).
             let want = ids(&case["greedy"]);
@@ -74,7 +83,13 @@ fn bundled_models_match_mlx_lm() {
                 ..GenerateOptions::default()
             };
             let g = Session::new(model)
-                .generate(&m.tokenizer, &got_ids, &opts, &AtomicBool::new(false), |_| {})
+                .generate(
+                    &m.tokenizer,
+                    &got_ids,
+                    &opts,
+                    &AtomicBool::new(false),
+                    |_| {},
+                )
                 .unwrap();
             let mut got = g.token_ids.clone();
             if g.finish == FinishReason::Eos {
@@ -83,7 +98,11 @@ fn bundled_models_match_mlx_lm() {
             } else {
                 assert_eq!(got.len(), max_tokens);
             }
-            assert_eq!(got, want[..got.len()], "{model_dir}: greedy continuation of {prompt:?}");
+            assert_eq!(
+                got,
+                want[..got.len()],
+                "{model_dir}: greedy continuation of {prompt:?}"
+            );
             compared += 1;
         }
     }
