@@ -4,13 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// Run LLMs on MLX from the command line.
-#[derive(Debug, Parser)]
-#[command(
-    name = "mtp-runner",
-    version,
-    about = "Generate text with Hugging Face models on MLX",
-    after_help = "EXAMPLES:
+/// Examples, exit codes and environment, shown after `--help`.
+const AFTER_HELP: &str = "EXAMPLES:
   mtp-runner generate --model models/tiny-mtp --prompt 'Once upon a time' --max-tokens 64
   echo 'Why is the sky blue?' | mtp-runner generate --model DIR --chat --temperature 0.7 --seed 1
   mtp-runner generate --model DIR --prompt 'List:' --stop '\\n\\n' --json
@@ -24,7 +19,15 @@ EXIT CODES:
   130  interrupted (Ctrl-C); the text generated so far has been printed
 
 ENVIRONMENT:
-  RUST_LOG   log filter (for example `runner=debug`); --verbose sets `info`"
+  RUST_LOG   log filter (for example `runner=debug`); --verbose sets `info`";
+
+/// Run LLMs on MLX from the command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "mtp-runner",
+    version,
+    about = "Generate text with Hugging Face models on MLX",
+    after_help = AFTER_HELP
 )]
 pub struct Cli {
     /// Log progress and statistics to stderr.
@@ -38,7 +41,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Generate a continuation of a prompt, streaming text to stdout.
-    #[command(allow_negative_numbers = true)]
+    #[command(allow_negative_numbers = true, after_help = AFTER_HELP)]
     Generate(GenerateArgs),
     /// Describe a model folder without loading its weights.
     Info(InfoArgs),
@@ -89,7 +92,7 @@ pub struct GenerateArgs {
     /// System message for --chat.
     #[arg(long, requires = "chat")]
     pub system: Option<String>,
-    /// Stop before this string (repeatable).
+    /// Stop before this string (repeatable; `\n` and `\t` are newline and tab).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
     /// Print one JSON object with the text, token ids and statistics instead of streaming.

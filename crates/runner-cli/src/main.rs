@@ -182,6 +182,29 @@ fn load_with_progress(a: &GenerateArgs) -> Result<runner::LoadedModel> {
     Ok(m)
 }
 
+/// Turns `\n`, `\t` and `\\` typed on a command line into the characters.
+fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('\\') => out.push('\\'),
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
 #[allow(clippy::print_stderr)]
 fn generate(a: GenerateArgs, verbose: bool) -> Result<u8> {
     let cancel = Arc::new(AtomicBool::new(false));
@@ -209,7 +232,7 @@ fn generate(a: GenerateArgs, verbose: bool) -> Result<u8> {
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
         sampling: sampling(&a, &m.generation_config),
-        stop: a.stop.clone(),
+        stop: a.stop.iter().map(|s| unescape(s)).collect(),
         fallback_seed: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)

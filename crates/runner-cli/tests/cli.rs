@@ -230,3 +230,23 @@ fn ctrl_c_exits_130_after_printing_what_was_generated() {
     assert_eq!(v["finish_reason"], "cancelled");
     assert!(v["generated_tokens"].as_u64().unwrap() < 300_000);
 }
+
+#[test]
+fn stop_strings_with_escapes_cut_the_output() {
+    let model = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-mtp");
+    let dir = model.to_str().unwrap();
+    let args = ["--prompt", "def add(a, b):", "-n", "40", "--json"];
+    let full: serde_json::Value =
+        serde_json::from_slice(&check(&model_args(Path::new(dir), &args), 0, &[]).stdout).unwrap();
+    let text = full["text"].as_str().unwrap();
+    let Some(at) = text.find("\n\n") else {
+        panic!("the bundled model's greedy continuation has a blank line: {text:?}");
+    };
+    let mut stop_args = args.to_vec();
+    stop_args.extend(["--stop", "\\n\\n"]);
+    let cut: serde_json::Value =
+        serde_json::from_slice(&check(&model_args(Path::new(dir), &stop_args), 0, &[]).stdout)
+            .unwrap();
+    assert_eq!(cut["finish_reason"], "stop");
+    assert_eq!(cut["text"].as_str().unwrap(), &text[..at]);
+}

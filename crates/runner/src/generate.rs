@@ -180,6 +180,12 @@ impl<'m> Session<'m> {
         mut on_text: impl FnMut(&str),
     ) -> Result<Generation> {
         opts.sampling.validate()?;
+        if opts.prefill_chunk == 0 {
+            return Err(Error::InvalidOption {
+                option: "prefill_chunk",
+                message: "must be at least 1 token (the default is 2048)".into(),
+            });
+        }
         let context = self.model.context_length();
         let start_len = self.committed.len();
         let total = start_len + prompt.len();
