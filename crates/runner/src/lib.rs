@@ -33,6 +33,7 @@ pub mod generate;
 pub mod load;
 pub mod model;
 pub mod models;
+pub mod quant;
 pub mod stats;
 pub mod stop;
 #[cfg(feature = "testing")]

@@ -12,6 +12,7 @@ use mlx_tensor::{Array, Dtype};
 use serde::Deserialize;
 
 use crate::error::{Error, Result, read_json};
+use crate::quant::{QuantConfig, QuantizedTensor};
 
 /// The largest header accepted (the same limit as the `safetensors` crate).
 const MAX_HEADER: u64 = 100_000_000;
@@ -131,12 +132,17 @@ pub struct Weights {
     /// Elements per tensor name (all tensors, including ones never taken).
     elements: BTreeMap<String, usize>,
     dtype: Dtype,
+    /// The `quantization` block of config.json, when the checkpoint is quantized.
+    quant: Option<QuantConfig>,
 }
 
 impl Weights {
     /// Validates and loads every file of `dir`, converting floats to `dtype`.
     ///
-    /// `progress(done, total)` is called after each file is materialised.
+    /// Packed `uint32` weights of a quantized checkpoint (see [`crate::quant`])
+    /// are kept as they are; their scales and biases become `dtype` like every
+    /// other float tensor. `progress(done, total)` is called after each file is
+    /// materialised.
     pub fn load(
         dir: &Path,
         dtype: Dtype,
@@ -148,11 +154,15 @@ impl Weights {
             source_dtypes: BTreeMap::new(),
             elements: BTreeMap::new(),
             dtype,
+            quant: QuantConfig::load(dir)?,
         };
+        let mut packed = Vec::new();
         for (i, path) in files.iter().enumerate() {
             let entries = validate_header(path)?;
             for (name, e) in &entries {
-                if !matches!(e.dtype.as_str(), "F32" | "F16" | "BF16") {
+                if e.dtype == "U32" && name.ends_with(".weight") {
+                    packed.push(name.clone());
+                } else if !matches!(e.dtype.as_str(), "F32" | "F16" | "BF16") {
                     return Err(Error::TensorDtype {
                         name: name.clone(),
                         dtype: e.dtype.clone(),
@@ -165,7 +175,7 @@ impl Weights {
             let file = mlx_tensor::io::load_safetensors(path)?;
             let mut converted = Vec::with_capacity(file.tensors.len());
             for (name, a) in file.tensors {
-                let a = if a.dtype() == dtype {
+                let a = if a.dtype() == dtype || !a.dtype().is_float() {
                     a
                 } else {
                     a.as_type(dtype)?
@@ -176,7 +186,33 @@ impl Weights {
             mlx_tensor::eval(&converted)?;
             progress(i + 1, files.len());
         }
+        w.check_packed(&packed)?;
         Ok(w)
+    }
+
+    /// Every `uint32` weight must be one third of a quantized triple.
+    fn check_packed(&self, packed: &[String]) -> Result<()> {
+        for name in packed {
+            let module = name.strip_suffix(".weight").unwrap_or(name);
+            if !self.tensors.contains_key(&format!("{module}.scales")) {
+                return Err(Error::TensorDtype {
+                    name: name.clone(),
+                    dtype: "U32 without a matching `.scales` tensor (not an MLX quantized weight)"
+                        .into(),
+                });
+            }
+            if self.quant.is_none() {
+                return Err(Error::InvalidConfig {
+                    path: PathBuf::from("config.json"),
+                    key: "quantization",
+                    message: format!(
+                        "absent, but `{name}` is a quantized weight; add the block mlx-lm wrote \
+                         ({{\"group_size\": 64, \"bits\": 4}}) or re-quantize with `mtp-runner quantize`"
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Wraps in-memory tensors (tests and checkpoint writers).
@@ -193,7 +229,19 @@ impl Weights {
             source_dtypes,
             elements,
             dtype,
+            quant: None,
         }
+    }
+
+    /// Sets the quantization block (for in-memory quantized tensors).
+    pub fn with_quantization(mut self, quant: Option<QuantConfig>) -> Weights {
+        self.quant = quant;
+        self
+    }
+
+    /// The quantization block of the checkpoint, if any.
+    pub fn quantization(&self) -> Option<&QuantConfig> {
+        self.quant.as_ref()
     }
 
     /// The compute dtype.
@@ -218,7 +266,25 @@ impl Weights {
     }
 
     /// Like [`Weights::take`], but absence is `Ok(None)`.
+    ///
+    /// A quantized `[out, in]` weight asked for this way comes back dequantized
+    /// (in the compute dtype), so a layer that does not know quantization still
+    /// loads; [`Weights::take_quantized`] keeps it packed.
     pub fn take_optional(&mut self, name: &str, expected: &[i32]) -> Result<Option<Array>> {
+        if let (Some(module), &[out, input]) = (name.strip_suffix(".weight"), expected)
+            && self.tensors.contains_key(&format!("{module}.scales"))
+        {
+            let q = self.take_quantized(module, out as usize, input as usize)?;
+            return match q {
+                Some(q) => Ok(Some(q.dequantize()?.as_type(self.dtype)?)),
+                None => Ok(None),
+            };
+        }
+        self.take_stored(name, expected)
+    }
+
+    /// The tensor as stored (no dequantization), checking its shape.
+    fn take_stored(&mut self, name: &str, expected: &[i32]) -> Result<Option<Array>> {
         let Some(a) = self.tensors.remove(name) else {
             return Ok(None);
         };
@@ -231,6 +297,77 @@ impl Weights {
             });
         }
         Ok(Some(a))
+    }
+
+    /// Takes the quantized triple of module `module` (an `[out, input]` matrix):
+    /// `Ok(None)` when the checkpoint stores it dense (no `{module}.scales`).
+    ///
+    /// The shapes must match the config's `bits` and `group_size` for the module.
+    pub fn take_quantized(
+        &mut self,
+        module: &str,
+        out: usize,
+        input: usize,
+    ) -> Result<Option<QuantizedTensor>> {
+        let scales_name = format!("{module}.scales");
+        if !self.tensors.contains_key(&scales_name) {
+            return Ok(None);
+        }
+        let bad = |message: String| Error::InvalidConfig {
+            path: PathBuf::from("config.json"),
+            key: "quantization",
+            message,
+        };
+        let quant = self.quant.as_ref().ok_or_else(|| {
+            bad(format!(
+                "absent, but the checkpoint has `{scales_name}`; add the quantization block \
+                 mlx-lm wrote or re-quantize with `mtp-runner quantize`"
+            ))
+        })?;
+        let params = quant.for_module(module).ok_or_else(|| {
+            bad(format!(
+                "module `{module}` is marked false (unquantized) but the checkpoint has \
+                 `{scales_name}`; remove the override or store the module dense"
+            ))
+        })?;
+        if !input.is_multiple_of(params.group_size as usize) {
+            return Err(bad(format!(
+                "group_size {} does not divide the {input} inputs of `{module}`",
+                params.group_size
+            )));
+        }
+        let weight_name = format!("{module}.weight");
+        let missing = |name: &str, count: usize| Error::MissingTensor {
+            name: name.to_owned(),
+            count,
+        };
+        let count = self.elements.len();
+        let weight = self
+            .take_stored(&weight_name, &params.packed_shape(out, input))?
+            .ok_or_else(|| missing(&weight_name, count))?;
+        if weight.dtype() != Dtype::Uint32 {
+            return Err(Error::TensorDtype {
+                name: weight_name,
+                dtype: format!(
+                    "{} (a quantized weight must be U32)",
+                    weight.dtype().safetensors_name()
+                ),
+            });
+        }
+        let groups = params.scales_shape(out, input);
+        let scales = self
+            .take_stored(&scales_name, &groups)?
+            .ok_or_else(|| missing(&scales_name, count))?;
+        let biases_name = format!("{module}.biases");
+        let biases = self
+            .take_stored(&biases_name, &groups)?
+            .ok_or_else(|| missing(&biases_name, count))?;
+        Ok(Some(QuantizedTensor {
+            weight,
+            scales,
+            biases,
+            params,
+        }))
     }
 
     /// Names not taken yet, sorted.

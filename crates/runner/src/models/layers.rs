@@ -3,6 +3,7 @@
 use mlx_tensor::{Array, fast};
 
 use crate::error::Result;
+use crate::quant::QuantizedTensor;
 use crate::weights::Weights;
 
 /// How linear weights are laid out for the matmul.
@@ -25,16 +26,27 @@ impl LinearLayout {
     pub const DEFAULT: LinearLayout = LinearLayout::TransposedView;
 }
 
-/// `y = x @ W.T + b`.
+/// `y = x @ W.T + b`, with `W` dense or affine-quantized.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    /// `[in, out]`: a transposed view of the `[out, in]` weight, or a contiguous copy.
-    wt: Array,
+    kernel: Kernel,
     bias: Option<Array>,
+}
+
+/// The weight of a [`Linear`].
+#[derive(Debug, Clone)]
+enum Kernel {
+    /// `[in, out]`: a transposed view of the `[out, in]` weight, or a contiguous copy.
+    Dense(Array),
+    /// The packed `[out, in]` weight, multiplied by `quantized_matmul`.
+    Quantized(QuantizedTensor),
 }
 
 impl Linear {
     /// Takes `{prefix}.weight` `[out, in]` and, when `bias`, `{prefix}.bias` `[out]`.
+    ///
+    /// A quantized checkpoint's `{prefix}.weight`, `.scales` and `.biases` are
+    /// kept packed (see [`crate::quant`]); `layout` then has no effect.
     pub fn load(
         w: &mut Weights,
         prefix: &str,
@@ -43,13 +55,19 @@ impl Linear {
         bias: bool,
         layout: LinearLayout,
     ) -> Result<Linear> {
-        let weight = w.take(&format!("{prefix}.weight"), &[output as i32, input as i32])?;
+        let quantized = w.take_quantized(prefix, output, input)?;
         let bias = if bias {
             Some(w.take(&format!("{prefix}.bias"), &[output as i32])?)
         } else {
             None
         };
-        Ok(Linear::from_weight(&weight, bias, layout)?)
+        match quantized {
+            Some(q) => Ok(Linear::from_quantized(q, bias)),
+            None => {
+                let weight = w.take(&format!("{prefix}.weight"), &[output as i32, input as i32])?;
+                Ok(Linear::from_weight(&weight, bias, layout)?)
+            }
+        }
     }
 
     /// From a `[out, in]` weight.
@@ -63,12 +81,31 @@ impl Linear {
             LinearLayout::TransposedView => wt,
             LinearLayout::PreTransposed => wt.contiguous()?,
         };
-        Ok(Linear { wt, bias })
+        Ok(Linear {
+            kernel: Kernel::Dense(wt),
+            bias,
+        })
+    }
+
+    /// From a quantized `[out, in]` weight.
+    pub fn from_quantized(weight: QuantizedTensor, bias: Option<Array>) -> Linear {
+        Linear {
+            kernel: Kernel::Quantized(weight),
+            bias,
+        }
+    }
+
+    /// True when the weight is quantized.
+    pub fn is_quantized(&self) -> bool {
+        matches!(self.kernel, Kernel::Quantized(_))
     }
 
     /// Applies the layer to `[..., in]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let y = x.matmul(&self.wt)?;
+        let y = match &self.kernel {
+            Kernel::Dense(wt) => x.matmul(wt)?,
+            Kernel::Quantized(q) => q.matmul_t(x)?,
+        };
         Ok(match &self.bias {
             Some(b) => y.add(b)?,
             None => y,
@@ -77,9 +114,75 @@ impl Linear {
 
     /// The arrays to evaluate at load.
     pub fn arrays(&self) -> Vec<Array> {
-        std::iter::once(self.wt.clone())
-            .chain(self.bias.clone())
-            .collect()
+        let mut v = match &self.kernel {
+            Kernel::Dense(wt) => vec![wt.clone()],
+            Kernel::Quantized(q) => q.arrays(),
+        };
+        v.extend(self.bias.clone());
+        v
+    }
+}
+
+/// A token embedding table, dense or affine-quantized (mlx-lm quantizes it too).
+#[derive(Debug, Clone)]
+pub struct Embedding {
+    table: Table,
+}
+
+#[derive(Debug, Clone)]
+enum Table {
+    /// `[V, H]`.
+    Dense(Array),
+    /// Packed `[V, H]`; rows are dequantized after the lookup.
+    Quantized(QuantizedTensor),
+}
+
+impl Embedding {
+    /// Takes `{prefix}.weight` `[vocab, hidden]` (packed with scales and biases when quantized).
+    pub fn load(w: &mut Weights, prefix: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
+        let table = match w.take_quantized(prefix, vocab, hidden)? {
+            Some(q) => Table::Quantized(q),
+            None => {
+                Table::Dense(w.take(&format!("{prefix}.weight"), &[vocab as i32, hidden as i32])?)
+            }
+        };
+        Ok(Embedding { table })
+    }
+
+    /// From a dense `[vocab, hidden]` table.
+    pub fn from_dense(table: Array) -> Embedding {
+        Embedding {
+            table: Table::Dense(table),
+        }
+    }
+
+    /// True when the table is quantized.
+    pub fn is_quantized(&self) -> bool {
+        matches!(self.table, Table::Quantized(_))
+    }
+
+    /// Rows `tokens` (`[L]` ids) of the table: `[L, hidden]` in the compute dtype.
+    pub fn forward(&self, tokens: &Array) -> Result<Array> {
+        match &self.table {
+            Table::Dense(t) => Ok(t.take(tokens, 0)?),
+            Table::Quantized(q) => q.rows(tokens),
+        }
+    }
+
+    /// The tied unembedding `x @ E.T` over the same arrays (quantized stays quantized).
+    pub fn as_linear(&self, layout: LinearLayout) -> Result<Linear> {
+        Ok(match &self.table {
+            Table::Dense(t) => Linear::from_weight(t, None, layout)?,
+            Table::Quantized(q) => Linear::from_quantized(q.clone(), None),
+        })
+    }
+
+    /// The arrays to evaluate at load.
+    pub fn arrays(&self) -> Vec<Array> {
+        match &self.table {
+            Table::Dense(t) => vec![t.clone()],
+            Table::Quantized(q) => q.arrays(),
+        }
     }
 }
 

@@ -1,0 +1,260 @@
+//! MLX affine quantization: the `quantization` block of config.json and quantized tensor triples.
+//!
+//! mlx-lm stores a quantized linear or embedding `{p}` as three tensors:
+//! `{p}.weight` (uint32, `bits`-bit codes packed along the input axis, shape
+//! `[out, in · bits / 32]`), `{p}.scales` and `{p}.biases` (one per group of
+//! `group_size` inputs, shape `[out, in / group_size]`), dequantizing as
+//! `w = scale · code + bias`. config.json names the defaults and per-module
+//! overrides:
+//!
+//! ```json
+//! "quantization": {"group_size": 64, "bits": 4, "mode": "affine",
+//!                  "mtp.fc": false, "lm_head": {"group_size": 64, "bits": 8}}
+//! ```
+//!
+//! mlx-lm writes the same block again as `quantization_config`; either key is
+//! read. A module is quantized exactly when its `.scales` tensor is present
+//! (mlx-lm's rule too); the config then says which `bits` and `group_size`
+//! its shapes must match.
+
+mod write;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use mlx_tensor::{Array, ops};
+use serde_json::Value;
+
+use crate::error::{Error, Result, read_json};
+
+pub use write::{QuantizeOptions, QuantizeReport, quantize_folder};
+
+/// Bit widths MLX's affine kernels implement.
+pub const SUPPORTED_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];
+/// Group sizes MLX's affine kernels implement.
+pub const SUPPORTED_GROUP_SIZES: [u32; 3] = [32, 64, 128];
+
+/// How one module is quantized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuantParams {
+    /// Inputs sharing one scale and bias.
+    pub group_size: u32,
+    /// Bits per code.
+    pub bits: u32,
+}
+
+impl QuantParams {
+    /// Shape of the packed `uint32` weight of an `[out, input]` matrix.
+    pub fn packed_shape(&self, out: usize, input: usize) -> [i32; 2] {
+        [out as i32, (input * self.bits as usize / 32) as i32]
+    }
+
+    /// Shape of the scales (and biases) of an `[out, input]` matrix.
+    pub fn scales_shape(&self, out: usize, input: usize) -> [i32; 2] {
+        [out as i32, (input / self.group_size as usize) as i32]
+    }
+}
+
+/// The `quantization` block: defaults plus per-module overrides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuantConfig {
+    /// Parameters of every module not named in `overrides`.
+    pub default: QuantParams,
+    /// Module path (`model.layers.0.mlp.down_proj`) → its parameters, or
+    /// `None` for a module kept unquantized (`false` in the JSON).
+    pub overrides: BTreeMap<String, Option<QuantParams>>,
+}
+
+impl QuantConfig {
+    /// Reads the block from `dir/config.json`; `Ok(None)` when the model is not quantized.
+    pub fn load(dir: &Path) -> Result<Option<QuantConfig>> {
+        let path = dir.join("config.json");
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let v: Value = read_json(&path)?;
+        QuantConfig::from_config(&v, &path)
+    }
+
+    /// Reads `quantization` (or, failing that, `quantization_config`) from a
+    /// parsed config.json; `path` names the file in errors.
+    pub fn from_config(config: &Value, path: &Path) -> Result<Option<QuantConfig>> {
+        let (key, block) = match (
+            config.get("quantization"),
+            config.get("quantization_config"),
+        ) {
+            (Some(b), _) if !b.is_null() => ("quantization", b),
+            (_, Some(b)) if !b.is_null() => ("quantization_config", b),
+            _ => return Ok(None),
+        };
+        let bad = |message: String| Error::InvalidConfig {
+            path: path.to_owned(),
+            key,
+            message,
+        };
+        let obj = block
+            .as_object()
+            .ok_or_else(|| bad(format!("must be an object, found {block}")))?;
+        if let Some(method) = obj.get("quant_method") {
+            return Err(bad(format!(
+                "quant_method {method} is not MLX affine quantization; convert the model with \
+                 `mtp-runner quantize` or mlx_lm.convert"
+            )));
+        }
+        if let Some(mode) = obj.get("mode")
+            && mode != "affine"
+        {
+            return Err(bad(format!(
+                "mode {mode} is not supported (only \"affine\"); re-quantize with `mtp-runner quantize`"
+            )));
+        }
+        let default = params(obj, None, "").map_err(bad)?;
+        let mut overrides = BTreeMap::new();
+        for (name, v) in obj {
+            if matches!(name.as_str(), "group_size" | "bits" | "mode") {
+                continue;
+            }
+            let p = match v {
+                Value::Bool(false) => None,
+                Value::Bool(true) => Some(default),
+                Value::Object(o) => Some(params(o, Some(default), name).map_err(bad)?),
+                other => {
+                    return Err(bad(format!(
+                        "module `{name}`: expected false or {{\"group_size\", \"bits\"}}, found {other}"
+                    )));
+                }
+            };
+            overrides.insert(name.clone(), p);
+        }
+        Ok(Some(QuantConfig { default, overrides }))
+    }
+
+    /// The parameters of module `path`, or `None` when it is kept unquantized.
+    pub fn for_module(&self, path: &str) -> Option<QuantParams> {
+        match self.overrides.get(path) {
+            Some(p) => *p,
+            None => Some(self.default),
+        }
+    }
+
+    /// The JSON block mlx-lm writes (defaults, `"mode": "affine"`, overrides).
+    pub fn to_json(&self) -> Value {
+        let mut m = serde_json::Map::new();
+        m.insert("group_size".into(), self.default.group_size.into());
+        m.insert("bits".into(), self.default.bits.into());
+        m.insert("mode".into(), "affine".into());
+        for (name, p) in &self.overrides {
+            let v = match p {
+                None => Value::Bool(false),
+                Some(p) => serde_json::json!({"group_size": p.group_size, "bits": p.bits}),
+            };
+            m.insert(name.clone(), v);
+        }
+        Value::Object(m)
+    }
+}
+
+/// Reads `group_size` and `bits` from `o`, each defaulting to `fallback`'s.
+fn params(
+    o: &serde_json::Map<String, Value>,
+    fallback: Option<QuantParams>,
+    module: &str,
+) -> std::result::Result<QuantParams, String> {
+    let field = |key: &str, allowed: &[u32], fb: Option<u32>| -> std::result::Result<u32, String> {
+        let at = if module.is_empty() {
+            String::new()
+        } else {
+            format!("module `{module}`: ")
+        };
+        let n = match (o.get(key), fb) {
+            (Some(v), _) => v
+                .as_u64()
+                .ok_or_else(|| format!("{at}`{key}` must be a positive integer, found {v}"))?,
+            (None, Some(d)) => return Ok(d),
+            (None, None) => return Err(format!("{at}`{key}` is missing")),
+        };
+        if !allowed.iter().any(|&a| u64::from(a) == n) {
+            return Err(format!("{at}`{key}` is {n}; MLX supports {allowed:?}"));
+        }
+        Ok(n as u32)
+    };
+    Ok(QuantParams {
+        group_size: field(
+            "group_size",
+            &SUPPORTED_GROUP_SIZES,
+            fallback.map(|p| p.group_size),
+        )?,
+        bits: field("bits", &SUPPORTED_BITS, fallback.map(|p| p.bits))?,
+    })
+}
+
+/// An affine-quantized `[out, in]` matrix: packed codes, scales, biases.
+#[derive(Debug, Clone)]
+pub struct QuantizedTensor {
+    /// `[out, in · bits / 32]` uint32 codes.
+    pub weight: Array,
+    /// `[out, in / group_size]`, in the compute dtype.
+    pub scales: Array,
+    /// `[out, in / group_size]`, in the compute dtype.
+    pub biases: Array,
+    /// How the codes were packed.
+    pub params: QuantParams,
+}
+
+impl QuantizedTensor {
+    /// Quantizes a dense `[out, in]` matrix (`in` must be a multiple of the group size).
+    pub fn quantize(dense: &Array, params: QuantParams) -> Result<QuantizedTensor> {
+        let (weight, scales, biases) =
+            dense.quantize(params.group_size as i32, params.bits as i32)?;
+        Ok(QuantizedTensor {
+            weight,
+            scales,
+            biases,
+            params,
+        })
+    }
+
+    /// `x @ W.T` for `x` of shape `[..., in]`, without materialising `W`.
+    pub fn matmul_t(&self, x: &Array) -> Result<Array> {
+        Ok(ops::quantized_matmul(
+            x,
+            &self.weight,
+            &self.scales,
+            &self.biases,
+            true,
+            self.params.group_size as i32,
+            self.params.bits as i32,
+        )?)
+    }
+
+    /// Rows `indices` of `W`, dequantized: an embedding lookup.
+    pub fn rows(&self, indices: &Array) -> Result<Array> {
+        Ok(ops::dequantize(
+            &self.weight.take(indices, 0)?,
+            &self.scales.take(indices, 0)?,
+            &self.biases.take(indices, 0)?,
+            self.params.group_size as i32,
+            self.params.bits as i32,
+        )?)
+    }
+
+    /// The whole matrix, dequantized.
+    pub fn dequantize(&self) -> Result<Array> {
+        Ok(ops::dequantize(
+            &self.weight,
+            &self.scales,
+            &self.biases,
+            self.params.group_size as i32,
+            self.params.bits as i32,
+        )?)
+    }
+
+    /// The three arrays (to evaluate or save).
+    pub fn arrays(&self) -> Vec<Array> {
+        vec![
+            self.weight.clone(),
+            self.scales.clone(),
+            self.biases.clone(),
+        ]
+    }
+}
