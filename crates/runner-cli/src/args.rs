@@ -45,6 +45,9 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Describe a model folder without loading its weights.
     Info(InfoArgs),
+    /// Write an MLX affine-quantized (4- or 8-bit) copy of a model folder.
+    #[command(after_help = crate::quantize::AFTER_HELP)]
+    Quantize(crate::quantize::QuantizeArgs),
 }
 
 /// `generate` options.

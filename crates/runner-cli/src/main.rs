@@ -4,6 +4,7 @@
 //! that the generation loop checks every token.
 
 mod args;
+mod quantize;
 mod report;
 
 use std::io::{IsTerminal, Read, Write};
@@ -44,6 +45,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(a) => generate(a, cli.verbose),
         Command::Info(a) => info(a),
+        Command::Quantize(a) => quantize::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -1,0 +1,98 @@
+//! `mtp-runner quantize`: arguments and output around `runner::quant::quantize_folder`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use runner::quant::{QuantizeOptions, QuantizeReport, quantize_folder};
+use serde::Serialize;
+
+/// Examples shown after `quantize --help`.
+pub const AFTER_HELP: &str = "EXAMPLES:
+  mtp-runner quantize --model models/tiny-mtp --out /tmp/tiny-mtp-4bit
+  mtp-runner quantize --model DIR --out DIR-8bit --bits 8 --group-size 32
+  mtp-runner quantize --model DIR --out DIR-4bit --keep-mtp-precision
+
+The output is mlx-lm's format (uint32-packed `weight`, `scales`, `biases`; a
+`quantization` block in config.json) and also loads in mlx-lm.
+--keep-mtp-precision leaves the MTP head's matrices unquantized (marked false
+in the block): use it when drafts from a quantized head are accepted less often.";
+
+/// `quantize` options.
+#[derive(Debug, Args)]
+pub struct QuantizeArgs {
+    /// Model folder to quantize (config.json, *.safetensors, tokenizer files).
+    #[arg(long, short)]
+    pub model: PathBuf,
+    /// New folder to write (must not exist or be empty).
+    #[arg(long, short)]
+    pub out: PathBuf,
+    /// Bits per weight: 4 or 8.
+    #[arg(long, default_value_t = 4)]
+    pub bits: u32,
+    /// Weights sharing one scale and bias: 32, 64 or 128.
+    #[arg(long, default_value_t = 64)]
+    pub group_size: u32,
+    /// Keep the MTP head's matrices unquantized.
+    #[arg(long)]
+    pub keep_mtp_precision: bool,
+    /// Print a JSON summary instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The `--json` summary.
+#[derive(Debug, Serialize)]
+struct Summary<'a> {
+    out: String,
+    bits: u32,
+    group_size: u32,
+    keep_mtp_precision: bool,
+    quantized: usize,
+    kept: &'a [String],
+    copied: &'a [String],
+    source_bytes: u64,
+    written_bytes: u64,
+}
+
+/// Runs `quantize`.
+pub fn run(a: QuantizeArgs) -> Result<u8> {
+    let opts = QuantizeOptions {
+        bits: a.bits,
+        group_size: a.group_size,
+        keep_mtp_precision: a.keep_mtp_precision,
+    };
+    let r: QuantizeReport = quantize_folder(&a.model, &a.out, &opts)
+        .with_context(|| format!("quantizing {} into {}", a.model.display(), a.out.display()))?;
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        let s = Summary {
+            out: a.out.display().to_string(),
+            bits: a.bits,
+            group_size: a.group_size,
+            keep_mtp_precision: a.keep_mtp_precision,
+            quantized: r.quantized.len(),
+            kept: &r.kept,
+            copied: &r.copied,
+            source_bytes: r.source_bytes,
+            written_bytes: r.written_bytes,
+        };
+        serde_json::to_writer_pretty(&mut out, &s)?;
+        writeln!(out)?;
+    } else {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        writeln!(
+            out,
+            "wrote {}: {} matrices at {} bits (group {}), {} kept unquantized; {:.1} MiB → {:.1} MiB",
+            a.out.display(),
+            r.quantized.len(),
+            a.bits,
+            a.group_size,
+            r.kept.len(),
+            mib(r.source_bytes),
+            mib(r.written_bytes)
+        )?;
+    }
+    Ok(0)
+}
