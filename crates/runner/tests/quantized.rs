@@ -155,7 +155,6 @@ fn quantized_matmul_equals_dense_math_on_dequantized_weights() {
         let a = logits(common::load(q.path()).model.as_ref(), &ids);
         let b = logits(common::load(dense.path()).model.as_ref(), &ids);
         let e = relative_error(&a, &b);
-        eprintln!("{arch:?} q{bits} g{group_size}: quantized vs dense-dequantized {e}");
         assert!(
             e < 1e-4,
             "{arch:?} q{bits} g{group_size}: relative error {e}"
@@ -181,7 +180,6 @@ fn round_trip_logits_are_close_to_f32() {
         )
     };
     let (e8, e4) = (err(8), err(4));
-    eprintln!("relative logit error: q8 {e8}, q4 {e4}");
     assert!(e8 < 0.02, "q8 relative error {e8}");
     assert!(e4 < 0.25, "q4 relative error {e4}");
     assert!(
@@ -226,7 +224,6 @@ fn bundled_model_q4_and_q8_load_and_generate() {
             .zip(&reference)
             .take_while(|(a, b)| a == b)
             .count();
-        eprintln!("q{bits}: first {same} of 16 greedy tokens equal f32's");
         if bits == 8 {
             assert!(
                 same >= 8,
