@@ -47,7 +47,7 @@ pub enum Error {
     },
     /// The head's own forward failed (for example a weight it could not load).
     #[error("draft head: {0}")]
-    Head(#[source] Box<dyn std::error::Error + 'static>),
+    Head(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
     /// An MLX call failed.
     #[error(transparent)]
     Mlx(#[from] mlx_tensor::Error),

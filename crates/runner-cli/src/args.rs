@@ -107,6 +107,49 @@ pub struct GenerateArgs {
     /// Compute dtype (f32 is fastest on the CPU).
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
+    /// Speculative decoding: `mtp` drafts with the model's MTP head (an error
+    /// without one), `auto` uses it when present, `off` decodes plainly.
+    #[arg(long, value_enum, default_value_t = SpeculativeArg::Auto)]
+    pub speculative: SpeculativeArg,
+    /// Draft tokens per round: a number, or `auto` (per round, the depth with
+    /// the best expected tokens per second; it may fall back to 0).
+    #[arg(long, default_value = "auto", value_parser = parse_draft_tokens)]
+    pub draft_tokens: DraftTokens,
+}
+
+/// `--speculative`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SpeculativeArg {
+    /// Plain decoding.
+    Off,
+    /// Multi-token prediction with the model's own head.
+    Mtp,
+    /// MTP when the model has a head, else plain.
+    Auto,
+}
+
+/// `--draft-tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraftTokens {
+    /// A fixed depth.
+    Fixed(usize),
+    /// Chosen per round.
+    Auto,
+}
+
+/// Deepest draft `--draft-tokens` accepts.
+pub const MAX_DRAFT_TOKENS: usize = 16;
+
+fn parse_draft_tokens(s: &str) -> Result<DraftTokens, String> {
+    if s == "auto" {
+        return Ok(DraftTokens::Auto);
+    }
+    match s.parse::<usize>() {
+        Ok(n) if n <= MAX_DRAFT_TOKENS => Ok(DraftTokens::Fixed(n)),
+        _ => Err(format!(
+            "expected `auto` or a number of draft tokens from 0 to {MAX_DRAFT_TOKENS}"
+        )),
+    }
 }
 
 /// `info` options.

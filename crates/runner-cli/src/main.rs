@@ -16,9 +16,12 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use mlx_tensor::{Device, Dtype};
 use runner::chat::Message;
+use runner::depth::DepthPolicy;
 use runner::{FinishReason, GenerateOptions, LoadOptions, SamplingOptions, Session};
 
-use args::{Cli, Command, DeviceArg, DtypeArg, GenerateArgs, InfoArgs};
+use args::{
+    Cli, Command, DeviceArg, DraftTokens, DtypeArg, GenerateArgs, InfoArgs, SpeculativeArg,
+};
 
 /// Exit code for a usage error or bad input.
 const EXIT_BAD_INPUT: u8 = 2;
@@ -239,10 +242,20 @@ fn generate(a: GenerateArgs, verbose: bool) -> Result<u8> {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0),
+        depth: match a.draft_tokens {
+            DraftTokens::Fixed(n) => DepthPolicy::Fixed(n),
+            DraftTokens::Auto => DepthPolicy::default(),
+        },
         ..GenerateOptions::default()
     };
     tracing::info!(prompt_tokens = prompt.len(), ?opts.sampling, "generating");
-    let mut session = Session::new(m.model.as_ref());
+    let mut session = match a.speculative {
+        SpeculativeArg::Off => Session::new(m.model.as_ref()),
+        SpeculativeArg::Mtp => Session::with_mtp(m.model.as_ref()).context("--speculative mtp")?,
+        SpeculativeArg::Auto => {
+            Session::with_mtp(m.model.as_ref()).unwrap_or_else(|_| Session::new(m.model.as_ref()))
+        }
+    };
     let mut stdout = std::io::stdout().lock();
     let mut write_err = None;
     let g = session

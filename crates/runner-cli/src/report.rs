@@ -27,6 +27,60 @@ pub struct GenerateReport<'a> {
     pub prefill_seconds: f64,
     /// Seconds after the first token.
     pub decode_seconds: f64,
+    /// Speculative decoding figures (`method` is `off` for plain decoding).
+    pub speculation: SpeculationReport,
+}
+
+/// The `speculation` object of the `--json` output.
+#[derive(Debug, Serialize)]
+pub struct SpeculationReport {
+    /// `mtp` or `off`.
+    pub method: String,
+    /// Rounds (plain steps inside a speculative run count as rounds of depth 0).
+    pub rounds: usize,
+    /// Draft tokens proposed.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+    /// accepted / drafted.
+    pub acceptance_rate: f64,
+    /// Acceptance of draft position 1, 2, ...
+    pub per_position_acceptance: Vec<f64>,
+    /// Tokens committed per round.
+    pub mean_accepted_length: f64,
+    /// The draft depth of each round.
+    pub depth_over_time: Vec<usize>,
+}
+
+impl SpeculationReport {
+    fn new(g: &Generation) -> Self {
+        match &g.speculation {
+            Some(s) => SpeculationReport {
+                method: s.method.clone(),
+                rounds: s.rounds,
+                drafted: s.drafted,
+                accepted: s.accepted,
+                acceptance_rate: s.acceptance_rate(),
+                per_position_acceptance: s.per_position_acceptance(),
+                mean_accepted_length: s.mean_accepted_length(),
+                depth_over_time: s.depth_over_time.clone(),
+            },
+            None => SpeculationReport {
+                method: "off".into(),
+                rounds: g.stats.generated_tokens,
+                drafted: 0,
+                accepted: 0,
+                acceptance_rate: 0.0,
+                per_position_acceptance: Vec::new(),
+                mean_accepted_length: if g.stats.generated_tokens > 0 {
+                    1.0
+                } else {
+                    0.0
+                },
+                depth_over_time: Vec::new(),
+            },
+        }
+    }
 }
 
 impl<'a> GenerateReport<'a> {
@@ -44,6 +98,7 @@ impl<'a> GenerateReport<'a> {
             finish_reason: finish_name(g.finish),
             prefill_seconds: s.prefill_time.as_secs_f64(),
             decode_seconds: s.decode_time.as_secs_f64(),
+            speculation: SpeculationReport::new(g),
         }
     }
 }
@@ -69,7 +124,15 @@ pub fn stats_line(g: &Generation) -> String {
         s.decode_tps(),
         s.peak_memory_bytes as f64 / (1 << 20) as f64,
         finish_name(g.finish)
-    )
+    ) + &match &g.speculation {
+        Some(sp) => format!(
+            " | mtp: {} rounds, acceptance {:.2}, {:.2} tokens/round",
+            sp.rounds,
+            sp.acceptance_rate(),
+            sp.mean_accepted_length()
+        ),
+        None => String::new(),
+    }
 }
 
 /// `info` as text.

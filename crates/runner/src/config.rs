@@ -95,6 +95,7 @@ struct RawConfig {
     torch_dtype: Option<String>,
     mtp_num_hidden_layers: Option<usize>,
     num_nextn_predict_layers: Option<usize>,
+    mtp_norm_zero_centered: Option<bool>,
 }
 
 fn default_eps() -> f32 {
@@ -148,6 +149,10 @@ pub struct ModelConfig {
     pub torch_dtype: Option<String>,
     /// Declared MTP layers (`mtp_num_hidden_layers` or `num_nextn_predict_layers`).
     pub mtp_layers: usize,
+    /// `mtp_norm_zero_centered`: whether the MTP head's RMSNorm weights are
+    /// stored zero-centred (see [`crate::mtp::zero_centred_norms`] for the rule
+    /// when it is absent).
+    pub mtp_norm_zero_centered: Option<bool>,
 }
 
 impl ModelConfig {
@@ -249,6 +254,7 @@ impl ModelConfig {
                 .mtp_num_hidden_layers
                 .or(raw.num_nextn_predict_layers)
                 .unwrap_or(0),
+            mtp_norm_zero_centered: raw.mtp_norm_zero_centered,
         })
     }
 }

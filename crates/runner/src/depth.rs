@@ -9,7 +9,8 @@
 //! bonus or replacement token is always emitted); the controller picks the
 //! `k` with the most expected tokens per second of measured (or, for a depth
 //! not yet tried, extrapolated) cost. Depth 0 is plain decoding; while at 0 it
-//! probes depth 1 now and then so it can notice when drafting pays again.
+//! probes one depth deeper than the best now and then, so stale estimates
+//! (a depth that once looked bad, or plain decoding) get refreshed.
 
 /// How deep to draft.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,22 +30,30 @@ impl Default for DepthPolicy {
     }
 }
 
-/// Weight of the newest observation in the moving averages.
+/// Weight of the newest observation in the cost averages.
 const DECAY: f64 = 0.1;
-/// Acceptance assumed for a position before it was ever drafted.
+/// Per-round decay of the acceptance counts (a window of about 30 rounds).
+const COUNT_DECAY: f64 = 0.97;
+/// Acceptance assumed for a position before it was drafted, and its weight
+/// in rounds: one unlucky round must not rule a depth out for good.
 const PRIOR_ACCEPT: f64 = 0.6;
-/// Plain rounds between probes of depth 1 while auto sits at depth 0.
+const PRIOR_WEIGHT: f64 = 2.0;
+/// Rounds between probes of the depth one deeper than the best.
 const PROBE_EVERY: u64 = 16;
+/// Rounds whose wall time is not used (first-use allocations and caches).
+const WARMUP_ROUNDS: u64 = 2;
 
 /// The per-request depth controller.
 #[derive(Debug, Clone)]
 pub struct DepthController {
     policy: DepthPolicy,
-    /// `accept[i]`: moving acceptance of draft position `i + 1`.
-    accept: Vec<Option<f64>>,
+    /// `accept[i]`: decayed (accepted, drafted) counts of draft position `i + 1`.
+    accept: Vec<(f64, f64)>,
     /// `cost[k]`: moving wall time in seconds of a depth-`k` round.
     cost: Vec<Option<f64>>,
-    plain_streak: u64,
+    rounds_since_probe: u64,
+    /// Rounds recorded so far; the first ones pay one-off set-up costs.
+    recorded: u64,
 }
 
 impl DepthController {
@@ -54,7 +63,13 @@ impl DepthController {
             DepthPolicy::Fixed(n) => n,
             DepthPolicy::Auto { max } => max,
         };
-        DepthController { policy, accept: vec![None; max], cost: vec![None; max + 1], plain_streak: 0 }
+        DepthController {
+            policy,
+            accept: vec![(0.0, 0.0); max],
+            cost: vec![None; max + 1],
+            rounds_since_probe: 0,
+            recorded: 0,
+        }
     }
 
     /// The policy it follows.
@@ -64,7 +79,10 @@ impl DepthController {
 
     /// Per-position acceptance estimates (prior where unmeasured).
     pub fn acceptance(&self) -> Vec<f64> {
-        self.accept.iter().map(|a| a.unwrap_or(PRIOR_ACCEPT)).collect()
+        self.accept
+            .iter()
+            .map(|&(hit, n)| (hit + PRIOR_ACCEPT * PRIOR_WEIGHT) / (n + PRIOR_WEIGHT))
+            .collect()
     }
 
     /// Expected emitted tokens of a depth-`k` round.
@@ -84,8 +102,12 @@ impl DepthController {
         if let Some(c) = self.cost[k] {
             return Some(c);
         }
-        let known: Vec<(f64, f64)> =
-            self.cost.iter().enumerate().filter_map(|(i, c)| c.map(|c| (i as f64, c))).collect();
+        let known: Vec<(f64, f64)> = self
+            .cost
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.map(|c| (i as f64, c)))
+            .collect();
         match known.as_slice() {
             [] => None,
             [(k0, c0)] => Some(c0 * (1.0 + 0.25 * (k as f64 - k0)).max(0.1)),
@@ -107,7 +129,7 @@ impl DepthController {
             DepthPolicy::Fixed(n) => n,
             DepthPolicy::Auto { max } => {
                 // Measure one drafted and one plain round before modelling.
-                let warm = max.min(2);
+                let warm = max.min(3);
                 if self.cost[warm].is_none() {
                     warm
                 } else if self.cost[0].is_none() {
@@ -117,11 +139,13 @@ impl DepthController {
                         .filter_map(|k| self.cost_of(k).map(|c| (k, self.expected_tokens(k) / c)))
                         .fold((0, f64::MIN), |b, x| if x.1 > b.1 { x } else { b })
                         .0;
-                    if best == 0 {
-                        self.plain_streak += 1;
-                        if self.plain_streak % PROBE_EVERY == 0 && max > 0 { 1 } else { 0 }
+                    self.rounds_since_probe += 1;
+                    if self.rounds_since_probe >= PROBE_EVERY && best < max {
+                        // Now and then try one deeper: its cost and acceptance
+                        // estimates would otherwise never be refreshed.
+                        self.rounds_since_probe = 0;
+                        best + 1
                     } else {
-                        self.plain_streak = 0;
                         best
                     }
                 }
@@ -133,11 +157,12 @@ impl DepthController {
     /// Records a finished round: `drafted` tokens proposed, `accepted` kept, `seconds` of wall time.
     pub fn record(&mut self, drafted: usize, accepted: usize, seconds: f64) {
         let ema = |old: Option<f64>, x: f64| Some(old.map_or(x, |o| o + DECAY * (x - o)));
-        for i in 0..drafted.min(self.accept.len()) {
-            let hit = if i < accepted { 1.0 } else { 0.0 };
-            self.accept[i] = ema(self.accept[i], hit);
+        for (i, (hit, n)) in self.accept.iter_mut().enumerate().take(drafted) {
+            *hit = *hit * COUNT_DECAY + if i < accepted { 1.0 } else { 0.0 };
+            *n = *n * COUNT_DECAY + 1.0;
         }
-        if drafted < self.cost.len() {
+        self.recorded += 1;
+        if self.recorded > WARMUP_ROUNDS && drafted < self.cost.len() {
             self.cost[drafted] = ema(self.cost[drafted], seconds);
         }
     }
@@ -158,14 +183,23 @@ mod tests {
     #[test]
     fn expected_tokens_follow_the_chain_rule() {
         let mut d = DepthController::new(DepthPolicy::Auto { max: 3 });
-        // Position 1 always accepted, position 2 never: E(k) = 1 + 1 + 0.
-        for _ in 0..200 {
+        // Position 1 always accepted, position 2 never: E(2) → 1 + 1 + 0 as
+        // the prior's weight fades against ~33 decayed rounds.
+        for _ in 0..400 {
             d.record(2, 1, 0.01);
         }
         let e = d.expected_tokens(2);
-        assert!((e - 2.0).abs() < 1e-3, "E(2) = {e}");
-        // Position 3 never drafted: prior 0.6 applies after a zero product.
-        assert!((d.expected_tokens(3) - 2.0).abs() < 1e-3);
+        assert!((e - 2.0).abs() < 0.06, "E(2) = {e}");
+        // Position 3 never drafted: its prior multiplies a near-zero product.
+        assert!((d.expected_tokens(3) - e).abs() < 0.05);
+    }
+
+    #[test]
+    fn one_rejection_does_not_rule_a_position_out() {
+        let mut d = DepthController::new(DepthPolicy::Auto { max: 2 });
+        d.record(2, 1, 0.01);
+        let a = d.acceptance();
+        assert!(a[1] > 0.3, "position 2 after one miss: {a:?}");
     }
 
     #[test]
@@ -189,7 +223,15 @@ mod tests {
             }
         }
         let picks: Vec<usize> = (0..PROBE_EVERY).map(|_| d.choose(100)).collect();
-        assert_eq!(picks.iter().filter(|&&k| k == 0).count() as u64, PROBE_EVERY - 1, "{picks:?}");
-        assert_eq!(*picks.last().unwrap(), 1, "the probe tries depth 1: {picks:?}");
+        assert_eq!(
+            picks.iter().filter(|&&k| k == 0).count() as u64,
+            PROBE_EVERY - 1,
+            "{picks:?}"
+        );
+        assert_eq!(
+            *picks.last().unwrap(),
+            1,
+            "the probe tries depth 1: {picks:?}"
+        );
     }
 }

@@ -138,9 +138,18 @@ pub enum Error {
     /// Sampling options were rejected (the message names the option).
     #[error(transparent)]
     Sampler(#[from] sampler::Error),
+    /// Speculative decoding with MTP was asked of a model without an MTP head.
+    #[error(
+        "the model has no multi-token-prediction head (no `mtp.fc`, `model.layers.N.eh_proj` or \
+         `model.mtp_layers.0.input_proj` tensors): use `--speculative off` or `auto`"
+    )]
+    NoMtpHead,
     /// A cache operation failed.
     #[error(transparent)]
     Cache(#[from] kvcache::Error),
+    /// The draft session failed.
+    #[error(transparent)]
+    Draft(#[from] mtp_draft::Error),
     /// MLX failed.
     #[error(transparent)]
     Mlx(#[from] mlx_tensor::Error),
@@ -172,7 +181,7 @@ impl Error {
     pub fn is_bad_input(&self) -> bool {
         !matches!(
             self,
-            Error::Io { .. } | Error::Encode(_) | Error::Cache(_) | Error::Mlx(_)
+            Error::Io { .. } | Error::Encode(_) | Error::Cache(_) | Error::Draft(_) | Error::Mlx(_)
         )
     }
 }

@@ -1,22 +1,30 @@
-//! Generation: chunked prefill and the pipelined plain decode loop.
+//! Generation: chunked prefill, the pipelined plain decode loop, and the
+//! speculative loop.
 //!
-//! The decode loop keeps the device one token ahead: step `i + 1` is built
+//! The plain loop keeps the device one token ahead: step `i + 1` is built
 //! from step `i`'s still-lazy token and scheduled with `async_eval` before
 //! the host reads token `i`, so the host's detokenizing and callbacks overlap
 //! the next forward, and there is one sync per token.
+//!
+//! A session made with [`Session::with_mtp`] decodes in speculative rounds
+//! instead (see [`crate::speculate`]): one host sync per round, and the same
+//! tokens as the plain loop under greedy decoding.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use mlx_tensor::Array;
 
+use crate::depth::{DepthController, DepthPolicy};
 use crate::detok::StreamDetokenizer;
 use crate::error::{Error, Result};
 use crate::model::Model;
+use crate::spec_stats::SpecStats;
 use crate::stats::Stats;
 use crate::stop::{StopMatcher, StopStep};
 use crate::tokenizer::Tokenizer;
-use kvcache::Cache;
+use kvcache::{Cache, restore_all};
+use mtp_draft::{DraftHead, DraftSession, Drafter};
 use sampler::{History, KeyStream, Options, sample_next};
 
 /// Prompt tokens per prefill forward.
@@ -38,6 +46,8 @@ pub struct GenerateOptions {
     /// Keep the device one token ahead (turned off anyway when penalties need
     /// each token on the host before the next sample).
     pub pipeline: bool,
+    /// Draft depth of a speculative session (ignored by a plain one).
+    pub depth: DepthPolicy,
 }
 
 impl Default for GenerateOptions {
@@ -49,6 +59,7 @@ impl Default for GenerateOptions {
             prefill_chunk: PREFILL_CHUNK,
             fallback_seed: 0,
             pipeline: true,
+            depth: DepthPolicy::default(),
         }
     }
 }
@@ -77,26 +88,59 @@ pub struct Generation {
     pub finish: FinishReason,
     /// Figures.
     pub stats: Stats,
+    /// Speculation figures, for a speculative session.
+    pub speculation: Option<SpecStats>,
 }
 
+/// A drafter over whichever MTP head the model has.
+pub type MtpDrafter = Drafter<Box<dyn DraftHead>>;
+
 /// One sequence's caches and the tokens they hold.
-#[derive(Debug)]
 pub struct Session<'m> {
-    model: &'m dyn Model,
-    caches: Vec<Box<dyn Cache>>,
+    pub(crate) model: &'m dyn Model,
+    pub(crate) caches: Vec<Box<dyn Cache>>,
     /// Tokens whose keys and values are in `caches`, in order. Invariant: every
     /// cache's offset equals `committed.len()` between calls.
-    committed: Vec<u32>,
+    pub(crate) committed: Vec<u32>,
+    /// The MTP drafter of a speculative session. Between calls its draft
+    /// caches hold the pairs of every committed slot but the last (whose pair
+    /// needs the token after it).
+    drafter: Option<MtpDrafter>,
+}
+
+impl std::fmt::Debug for Session<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("model", &self.model)
+            .field("caches", &self.caches)
+            .field("committed", &self.committed.len())
+            .field("speculative", &self.drafter.is_some())
+            .finish()
+    }
 }
 
 impl<'m> Session<'m> {
-    /// A session with fresh caches.
+    /// A session with fresh caches that decodes plainly.
     pub fn new(model: &'m dyn Model) -> Session<'m> {
         Session {
             model,
             caches: model.new_caches(),
             committed: Vec::new(),
+            drafter: None,
         }
+    }
+
+    /// A session that decodes speculatively with the model's MTP head.
+    pub fn with_mtp(model: &'m dyn Model) -> Result<Session<'m>> {
+        let head = model.mtp_head().ok_or(Error::NoMtpHead)?;
+        let mut s = Session::new(model);
+        s.drafter = Some(Drafter::new(head));
+        Ok(s)
+    }
+
+    /// True when the session drafts with an MTP head.
+    pub fn is_speculative(&self) -> bool {
+        self.drafter.is_some()
     }
 
     /// Tokens in the caches.
@@ -129,23 +173,48 @@ impl<'m> Session<'m> {
 
     /// Forwards known tokens in chunks; returns the hidden rows `[n, H]` of the last
     /// chunk (lazy), or `None` for no tokens or on cancellation between chunks.
+    /// A speculative session reports the chunks to its drafter.
     pub fn prefill(
         &mut self,
         tokens: &[u32],
         chunk: usize,
         cancel: &AtomicBool,
     ) -> Result<Option<Array>> {
+        let mut drafter = self.drafter.take();
+        let result = (|| {
+            let mut draft = drafter.as_mut().map(|d| d.open());
+            let last = self.prefill_chunks(tokens, chunk, cancel, draft.as_mut())?;
+            if let Some(d) = draft {
+                d.close()?;
+            }
+            Ok(last)
+        })();
+        self.drafter = drafter;
+        result
+    }
+
+    fn prefill_chunks(
+        &mut self,
+        tokens: &[u32],
+        chunk: usize,
+        cancel: &AtomicBool,
+        mut draft: Option<&mut DraftSession<'_, Box<dyn DraftHead>>>,
+    ) -> Result<Option<Array>> {
         let mut last = None;
         for part in tokens.chunks(chunk.max(1)) {
             if cancel.load(Ordering::Relaxed) {
                 return Ok(None);
             }
+            let pos = self.committed.len();
             let ids = Array::from_slice(part, &[part.len() as i32])?;
             let hidden = self.model.forward(&ids, &mut self.caches)?;
             let mut state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
             state.push(hidden.clone());
             mlx_tensor::eval(&state)?;
             self.committed.extend_from_slice(part);
+            if let Some(d) = draft.as_deref_mut() {
+                d.committed(&ids, &hidden, pos)?;
+            }
             last = Some(hidden);
         }
         self.offset();
@@ -177,7 +246,7 @@ impl<'m> Session<'m> {
         prompt: &[u32],
         opts: &GenerateOptions,
         cancel: &AtomicBool,
-        mut on_text: impl FnMut(&str),
+        on_text: impl FnMut(&str),
     ) -> Result<Generation> {
         opts.sampling.validate()?;
         if opts.prefill_chunk == 0 {
@@ -186,9 +255,13 @@ impl<'m> Session<'m> {
                 message: "must be at least 1 token (the default is 2048)".into(),
             });
         }
+        if let DepthPolicy::Fixed(0) | DepthPolicy::Auto { max: 0 } = opts.depth {
+            if self.drafter.is_some() {
+                tracing::debug!("draft depth 0: every round is a plain step");
+            }
+        }
         let context = self.model.context_length();
-        let start_len = self.committed.len();
-        let total = start_len + prompt.len();
+        let total = self.committed.len() + prompt.len();
         if prompt.is_empty() {
             return Err(Error::EmptyPrompt);
         }
@@ -206,144 +279,313 @@ impl<'m> Session<'m> {
             });
         }
         let max_tokens = opts.max_tokens.min(context - total);
+        let mut drafter = self.drafter.take();
+        let result = self.run(
+            drafter.as_mut(),
+            tok,
+            prompt,
+            max_tokens,
+            opts,
+            cancel,
+            on_text,
+        );
+        self.drafter = drafter;
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        drafter: Option<&mut MtpDrafter>,
+        tok: &Tokenizer,
+        prompt: &[u32],
+        max_tokens: usize,
+        opts: &GenerateOptions,
+        cancel: &AtomicBool,
+        on_text: impl FnMut(&str),
+    ) -> Result<Generation> {
         mlx_tensor::memory::reset_peak();
         let t0 = Instant::now();
-        let mut stats = Stats {
-            prompt_tokens: prompt.len(),
-            ..Stats::default()
-        };
-        let mut out = Generation {
-            token_ids: Vec::new(),
-            text: String::new(),
-            finish: FinishReason::Length,
-            stats: Stats::default(),
-        };
         let (body, seed) = prompt.split_at(prompt.len() - 1);
-        self.prefill(body, opts.prefill_chunk, cancel)?;
-        if cancel.load(Ordering::Relaxed) || max_tokens == 0 {
-            out.finish = if max_tokens == 0 {
-                FinishReason::Length
-            } else {
-                FinishReason::Cancelled
-            };
-            stats.prefill_time = t0.elapsed();
-            stats.peak_memory_bytes = mlx_tensor::memory::peak();
-            out.stats = stats;
-            self.offset();
-            return Ok(out);
+        // A speculative session re-runs its last committed token: the hidden
+        // there completes the draft caches' open boundary pair with the first
+        // new token (at least one token is always re-evaluated).
+        let mut body = body.to_vec();
+        if let (Some(d), Some(&last)) = (drafter.as_deref(), self.committed.last()) {
+            let keep = self.committed.len() - 1;
+            let draft_offset = d.head().cache_offset().unwrap_or(keep);
+            assert!(
+                draft_offset <= keep,
+                "draft caches at {draft_offset} past the boundary slot {keep}"
+            );
+            restore_all(&mut self.caches, keep, &[])?;
+            self.committed.truncate(keep);
+            body.insert(0, last);
         }
+        let mut draft = drafter.map(|d| d.open());
+        self.prefill_chunks(&body, opts.prefill_chunk, cancel, draft.as_mut())?;
 
         let sampling = &opts.sampling;
         let mut history = History::new(sampling.repeat_last_n);
         history.commit(&self.committed);
         history.commit(seed);
         let mut keys = KeyStream::new(sampling.seed.unwrap_or(opts.fallback_seed));
-        let pipelined = opts.pipeline && !sampling.uses_penalties();
-        let eos: Vec<u32> = {
-            let mut e = tok.eos_ids().to_vec();
-            e.extend(
-                self.model
-                    .eos_ids()
-                    .iter()
-                    .filter(|x| !tok.eos_ids().contains(x)),
-            );
-            e
-        };
-        let mut detok = StreamDetokenizer::new();
-        let mut stop = StopMatcher::new(&opts.stop);
-        let mut emit = |text: &str, out: &mut Generation| {
-            if !text.is_empty() {
-                out.text.push_str(text);
-                on_text(text);
-            }
-        };
+        let mut output = Output::new(tok, self.model, opts, max_tokens, on_text);
+        output.stats.prompt_tokens = prompt.len();
+        if cancel.load(Ordering::Relaxed) || max_tokens == 0 {
+            output.result.finish = if max_tokens == 0 {
+                FinishReason::Length
+            } else {
+                FinishReason::Cancelled
+            };
+        } else if let Some(d) = draft.as_mut() {
+            let spec = self.decode_speculative(
+                d,
+                seed[0],
+                opts,
+                &mut history,
+                &mut keys,
+                &mut output,
+                cancel,
+            )?;
+            output.result.speculation = Some(spec);
+        } else {
+            self.decode_plain(seed, opts, &mut history, &mut keys, &mut output, cancel)?;
+        }
+        if let Some(d) = draft {
+            d.close()?;
+        }
+        output.finish()?;
+        // The last dispatched forward may still be running; finish it so the caches are settled.
+        let state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
+        mlx_tensor::eval(&state)?;
+        let t_end = Instant::now();
+        let t_first = output.t_first.unwrap_or(t_end);
+        let mut result = output.result;
+        result.stats = output.stats;
+        result.stats.prefill_time = t_first - t0;
+        result.stats.decode_time = t_end - t_first;
+        result.stats.generated_tokens = output.generated;
+        result.stats.peak_memory_bytes = mlx_tensor::memory::peak();
+        self.offset();
+        tracing::debug!(
+            prompt = prompt.len(),
+            generated = output.generated,
+            decode_tps = result.stats.decode_tps(),
+            "generation done"
+        );
+        Ok(result)
+    }
 
+    /// The pipelined plain loop, from the prompt's last token.
+    fn decode_plain<F: FnMut(&str)>(
+        &mut self,
+        seed: &[u32],
+        opts: &GenerateOptions,
+        history: &mut History,
+        keys: &mut KeyStream,
+        output: &mut Output<'_, F>,
+        cancel: &AtomicBool,
+    ) -> Result<()> {
+        let sampling = &opts.sampling;
+        let pipelined = opts.pipeline && !sampling.uses_penalties();
         // `pending` is the lazy sample of the last forwarded token; its own forward is
         // dispatched (when pipelined) before it is read.
         let seed_arr = Array::from_slice(seed, &[1])?;
-        let mut pending = Some(self.step(&seed_arr, sampling, &history, &mut keys)?);
+        let mut pending = Some(self.step(&seed_arr, sampling, history, keys)?);
         self.committed.push(seed[0]);
-        let mut t_first = None;
-        let mut generated = 0usize;
         while let Some(y) = pending.take() {
-            let more = generated + 1 < max_tokens && !cancel.load(Ordering::Relaxed);
+            let more = output.generated + 1 < output.max_tokens && !cancel.load(Ordering::Relaxed);
             let ahead = if pipelined && more {
-                Some(self.step(&y, sampling, &history, &mut keys)?)
+                Some(self.step(&y, sampling, history, keys)?)
             } else {
                 None
             };
             let id: u32 = y.item()?;
-            generated += 1;
-            if t_first.is_none() {
-                t_first = Some(Instant::now());
-            }
+            output.first_token();
             if ahead.is_some() {
                 self.committed.push(id);
             }
             history.commit(&[id]);
-            if eos.contains(&id) {
-                out.finish = FinishReason::Eos;
+            if output.push(id)? == Flow::Done {
                 break;
             }
-            out.token_ids.push(id);
-            let piece = detok.push(tok, id)?;
-            match stop.push(&piece) {
-                StopStep::Continue(t) => emit(&t, &mut out),
-                StopStep::Stop(t) => {
-                    emit(&t, &mut out);
-                    out.finish = FinishReason::Stop;
-                    break;
-                }
-            }
             if !more {
-                out.finish = if generated >= max_tokens {
-                    FinishReason::Length
-                } else {
-                    FinishReason::Cancelled
-                };
+                output.result.finish = FinishReason::Cancelled;
                 break;
             }
             pending = match ahead {
                 Some(a) => Some(a),
                 None => {
                     let arr = Array::from_slice(&[id], &[1])?;
-                    let a = self.step(&arr, sampling, &history, &mut keys)?;
+                    let a = self.step(&arr, sampling, history, keys)?;
                     self.committed.push(id);
                     Some(a)
                 }
             };
         }
-        if out.finish != FinishReason::Stop {
-            let rest = detok.flush(tok)?;
-            let mut tail = match stop.push(&rest) {
-                StopStep::Continue(t) => t,
-                StopStep::Stop(t) => {
-                    out.finish = FinishReason::Stop;
-                    t
-                }
-            };
-            if out.finish != FinishReason::Stop {
-                tail.push_str(&stop.flush());
+        Ok(())
+    }
+
+    /// The speculative loop: rounds of draft, verify, accept.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_speculative<F: FnMut(&str)>(
+        &mut self,
+        draft: &mut DraftSession<'_, Box<dyn DraftHead>>,
+        seed: u32,
+        opts: &GenerateOptions,
+        history: &mut History,
+        keys: &mut KeyStream,
+        output: &mut Output<'_, F>,
+        cancel: &AtomicBool,
+    ) -> Result<SpecStats> {
+        let mut depth = DepthController::new(opts.depth);
+        let mut stats = SpecStats::new("mtp");
+        let eos = output.eos.clone();
+        let mut current = seed;
+        loop {
+            if cancel.load(Ordering::Relaxed) {
+                output.result.finish = FinishReason::Cancelled;
+                break;
             }
-            emit(&tail, &mut out);
+            // A round emits up to depth + 1 tokens; never more than the budget.
+            let budget = output.max_tokens - output.generated - 1;
+            let k = depth.choose(budget);
+            let round = self.spec_round(draft, current, k, &opts.sampling, history, keys, &eos)?;
+            output.first_token();
+            depth.record(round.drafted, round.accepted, round.seconds);
+            stats.record(&round);
+            let mut done = false;
+            for &id in &round.emitted {
+                history.commit(&[id]);
+                if output.push(id)? == Flow::Done {
+                    done = true;
+                    break;
+                }
+            }
+            if done {
+                break;
+            }
+            current = *round
+                .emitted
+                .last()
+                .expect("a round emits at least one token");
         }
-        // The last dispatched forward may still be running; finish it so the caches are settled.
-        let state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
-        mlx_tensor::eval(&state)?;
-        let t_end = Instant::now();
-        let t_first = t_first.unwrap_or(t_end);
-        stats.prefill_time = t_first - t0;
-        stats.decode_time = t_end - t_first;
-        stats.generated_tokens = generated;
-        stats.peak_memory_bytes = mlx_tensor::memory::peak();
-        out.stats = stats;
-        self.offset();
-        tracing::debug!(
-            prompt = prompt.len(),
-            generated,
-            decode_tps = out.stats.decode_tps(),
-            "generation done"
+        Ok(stats)
+    }
+}
+
+/// Whether generation goes on after a token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Go,
+    Done,
+}
+
+/// Turns generated ids into the result: end-of-sequence and budget checks,
+/// streaming detokenization, stop strings, the text callback.
+struct Output<'t, F: FnMut(&str)> {
+    tok: &'t Tokenizer,
+    eos: Vec<u32>,
+    detok: StreamDetokenizer,
+    stop: StopMatcher,
+    on_text: F,
+    result: Generation,
+    stats: Stats,
+    generated: usize,
+    max_tokens: usize,
+    t_first: Option<Instant>,
+}
+
+impl<'t, F: FnMut(&str)> Output<'t, F> {
+    fn new(
+        tok: &'t Tokenizer,
+        model: &dyn Model,
+        opts: &GenerateOptions,
+        max_tokens: usize,
+        on_text: F,
+    ) -> Self {
+        let mut eos = tok.eos_ids().to_vec();
+        eos.extend(
+            model
+                .eos_ids()
+                .iter()
+                .filter(|x| !tok.eos_ids().contains(x)),
         );
-        Ok(out)
+        Output {
+            tok,
+            eos,
+            detok: StreamDetokenizer::new(),
+            stop: StopMatcher::new(&opts.stop),
+            on_text,
+            result: Generation {
+                token_ids: Vec::new(),
+                text: String::new(),
+                finish: FinishReason::Length,
+                stats: Stats::default(),
+                speculation: None,
+            },
+            stats: Stats::default(),
+            generated: 0,
+            max_tokens,
+            t_first: None,
+        }
+    }
+
+    fn first_token(&mut self) {
+        if self.t_first.is_none() {
+            self.t_first = Some(Instant::now());
+        }
+    }
+
+    fn emit(&mut self, text: &str) {
+        if !text.is_empty() {
+            self.result.text.push_str(text);
+            (self.on_text)(text);
+        }
+    }
+
+    /// Takes one generated id.
+    fn push(&mut self, id: u32) -> Result<Flow> {
+        self.generated += 1;
+        if self.eos.contains(&id) {
+            self.result.finish = FinishReason::Eos;
+            return Ok(Flow::Done);
+        }
+        self.result.token_ids.push(id);
+        let piece = self.detok.push(self.tok, id)?;
+        match self.stop.push(&piece) {
+            StopStep::Continue(t) => self.emit(&t),
+            StopStep::Stop(t) => {
+                self.emit(&t);
+                self.result.finish = FinishReason::Stop;
+                return Ok(Flow::Done);
+            }
+        }
+        if self.generated >= self.max_tokens {
+            self.result.finish = FinishReason::Length;
+            return Ok(Flow::Done);
+        }
+        Ok(Flow::Go)
+    }
+
+    /// Flushes held-back text at the end.
+    fn finish(&mut self) -> Result<()> {
+        if self.result.finish == FinishReason::Stop {
+            return Ok(());
+        }
+        let rest = self.detok.flush(self.tok)?;
+        let mut tail = match self.stop.push(&rest) {
+            StopStep::Continue(t) => t,
+            StopStep::Stop(t) => {
+                self.result.finish = FinishReason::Stop;
+                t
+            }
+        };
+        if self.result.finish != FinishReason::Stop {
+            tail.push_str(&self.stop.flush());
+        }
+        self.emit(&tail);
+        Ok(())
     }
 }

@@ -27,13 +27,17 @@
 
 pub mod chat;
 pub mod config;
+pub mod depth;
 pub mod detok;
 mod error;
 pub mod generate;
 pub mod load;
 pub mod model;
 pub mod models;
+pub mod mtp;
 pub mod quant;
+pub mod spec_stats;
+pub mod speculate;
 pub mod stats;
 pub mod stop;
 #[cfg(feature = "testing")]

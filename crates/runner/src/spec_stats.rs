@@ -26,7 +26,10 @@ pub struct SpecStats {
 impl SpecStats {
     /// Empty statistics for `method`.
     pub fn new(method: &str) -> SpecStats {
-        SpecStats { method: method.to_owned(), ..SpecStats::default() }
+        SpecStats {
+            method: method.to_owned(),
+            ..SpecStats::default()
+        }
     }
 
     /// Adds one round.
@@ -50,7 +53,11 @@ impl SpecStats {
 
     /// Accepted over drafted (0 when nothing was drafted).
     pub fn acceptance_rate(&self) -> f64 {
-        if self.drafted == 0 { 0.0 } else { self.accepted as f64 / self.drafted as f64 }
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
     }
 
     /// Acceptance of each draft position.
@@ -64,7 +71,11 @@ impl SpecStats {
 
     /// Tokens committed per round.
     pub fn mean_accepted_length(&self) -> f64 {
-        if self.rounds == 0 { 0.0 } else { self.emitted as f64 / self.rounds as f64 }
+        if self.rounds == 0 {
+            0.0
+        } else {
+            self.emitted as f64 / self.rounds as f64
+        }
     }
 }
 
@@ -73,7 +84,12 @@ mod tests {
     use super::*;
 
     fn round(drafted: usize, accepted: usize) -> RoundOutcome {
-        RoundOutcome { drafted, accepted, emitted: vec![0; accepted + 1], seconds: 0.0 }
+        RoundOutcome {
+            drafted,
+            accepted,
+            emitted: vec![0; accepted + 1],
+            seconds: 0.0,
+        }
     }
 
     #[test]

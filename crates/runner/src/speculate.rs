@@ -21,7 +21,7 @@ use crate::error::Result;
 use crate::generate::Session;
 
 /// What one round did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RoundOutcome {
     /// Draft tokens proposed (0 for a plain step).
     pub drafted: usize,
@@ -52,7 +52,15 @@ impl Session<'_> {
         let pos = self.offset();
         let cur = Array::from_slice(&[current], &[1])?;
         let proposal = if depth > 0 {
-            draft.propose(&cur, depth, DraftSampling { options: opts, history, keys })?
+            draft.propose(
+                &cur,
+                depth,
+                DraftSampling {
+                    options: opts,
+                    history,
+                    keys,
+                },
+            )?
         } else {
             None
         };
@@ -81,9 +89,14 @@ impl Session<'_> {
         let logits = self.model.unembed(&hidden)?;
         // Penalties see the draft chain up to each row; without penalties the
         // chain is irrelevant and reading it would cost a sync.
-        let chain = if opts.uses_penalties() { proposal.tokens.to_vec::<u32>()? } else { Vec::new() };
+        let chain = if opts.uses_penalties() {
+            proposal.tokens.to_vec::<u32>()?
+        } else {
+            Vec::new()
+        };
         let target = Distribution::from_logits(&logits, opts, history, &chain)?;
-        let acceptance = accept_chain(&target, &proposal.dist, &proposal.tokens, &keys.next_key()?)?;
+        let acceptance =
+            accept_chain(&target, &proposal.dist, &proposal.tokens, &keys.next_key()?)?;
         let mut state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
         state.push(acceptance.packed().clone());
         state.push(hidden.clone());
@@ -100,9 +113,18 @@ impl Session<'_> {
         };
         let keep = keep_drafts + 1;
         restore_all(&mut self.caches, pos + keep, &[])?;
-        draft.committed(&input.slice_axis(0, 0, keep as i32)?, &hidden.slice_axis(0, 0, keep as i32)?, pos)?;
+        draft.committed(
+            &input.slice_axis(0, 0, keep as i32)?,
+            &hidden.slice_axis(0, 0, keep as i32)?,
+            pos,
+        )?;
         self.committed.push(current);
         self.committed.extend_from_slice(&emitted[..keep_drafts]);
-        Ok(RoundOutcome { drafted: k, accepted, emitted, seconds: t0.elapsed().as_secs_f64() })
+        Ok(RoundOutcome {
+            drafted: k,
+            accepted,
+            emitted,
+            seconds: t0.elapsed().as_secs_f64(),
+        })
     }
 }

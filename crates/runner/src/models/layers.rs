@@ -206,6 +206,16 @@ impl RmsNorm {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
     }
+
+    /// The same norm with `1` added to its weight: how a zero-centred
+    /// checkpoint norm (`x · (1 + w)`) is loaded, once.
+    pub fn shifted_by_one(&self) -> Result<RmsNorm> {
+        let one = Array::scalar(1.0, self.weight.dtype())?;
+        Ok(RmsNorm {
+            weight: self.weight.add(&one)?,
+            eps: self.eps,
+        })
+    }
 }
 
 /// The SwiGLU MLP: `down(silu(gate(x)) * up(x))`.

@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::model::Model;
 use crate::models::layers::{Linear, LinearLayout, Mlp, RmsNorm};
 use crate::models::rope::Rope;
+use crate::mtp::{MtpHead, MtpLayout};
 use crate::weights::Weights;
 use kvcache::{Cache, KvCache};
 
@@ -46,7 +47,7 @@ pub fn build_qwen3(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<
     Ok(Box::new(Llama::load(c, w, v, l)?))
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Attention {
     q: Linear,
     k: Linear,
@@ -96,12 +97,94 @@ impl Attention {
     }
 }
 
-#[derive(Debug)]
-struct Layer {
+/// One decoder block: pre-norm attention and pre-norm SwiGLU, each with a residual.
+///
+/// Shared with the MTP heads, whose block is the trunk family's layer.
+#[derive(Debug, Clone)]
+pub(crate) struct Layer {
     input_norm: RmsNorm,
     attn: Attention,
     post_norm: RmsNorm,
     mlp: Mlp,
+}
+
+impl Layer {
+    /// Takes `{prefix}.input_layernorm`, `{prefix}.self_attn.*`,
+    /// `{prefix}.post_attention_layernorm` and `{prefix}.mlp.*`.
+    pub(crate) fn load(
+        c: &ModelConfig,
+        w: &mut Weights,
+        prefix: &str,
+        variant: Variant,
+        layout: LinearLayout,
+    ) -> Result<Layer> {
+        let h = c.hidden_size;
+        let d = c.head_dim;
+        let (nq, nkv) = (c.num_attention_heads, c.num_key_value_heads);
+        let eps = c.rms_norm_eps;
+        let bias_all = c.attention_bias.unwrap_or(false);
+        let qkv_bias = variant.qkv_bias || bias_all;
+        let a = format!("{prefix}.self_attn");
+        let (q_norm, k_norm) = if variant.qk_norm {
+            (
+                Some(RmsNorm::load(w, &format!("{a}.q_norm.weight"), d, eps)?),
+                Some(RmsNorm::load(w, &format!("{a}.k_norm.weight"), d, eps)?),
+            )
+        } else {
+            (None, None)
+        };
+        let attn = Attention {
+            q: Linear::load(w, &format!("{a}.q_proj"), h, nq * d, qkv_bias, layout)?,
+            k: Linear::load(w, &format!("{a}.k_proj"), h, nkv * d, qkv_bias, layout)?,
+            v: Linear::load(w, &format!("{a}.v_proj"), h, nkv * d, qkv_bias, layout)?,
+            o: Linear::load(w, &format!("{a}.o_proj"), nq * d, h, bias_all, layout)?,
+            q_norm,
+            k_norm,
+            heads: nq as i32,
+            kv_heads: nkv as i32,
+            head_dim: d as i32,
+            scale: 1.0 / (d as f32).sqrt(),
+        };
+        Ok(Layer {
+            input_norm: RmsNorm::load(w, &format!("{prefix}.input_layernorm.weight"), h, eps)?,
+            attn,
+            post_norm: RmsNorm::load(
+                w,
+                &format!("{prefix}.post_attention_layernorm.weight"),
+                h,
+                eps,
+            )?,
+            mlp: Mlp::load(w, &format!("{prefix}.mlp"), h, c.intermediate_size, layout)?,
+        })
+    }
+
+    /// The block over `x` `[1, L, H]`, appending its keys and values to `cache`.
+    pub(crate) fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
+        let a = self
+            .attn
+            .forward(&self.input_norm.forward(x)?, cache, rope)?;
+        let h = x.add(&a)?;
+        let m = self.mlp.forward(&self.post_norm.forward(&h)?)?;
+        Ok(h.add(&m)?)
+    }
+
+    /// The same block with every RMSNorm weight shifted by one (zero-centred checkpoints).
+    pub(crate) fn with_shifted_norms(&self) -> Result<Layer> {
+        let shift = |n: &Option<RmsNorm>| n.as_ref().map(RmsNorm::shifted_by_one).transpose();
+        let mut out = self.clone();
+        out.input_norm = self.input_norm.shifted_by_one()?;
+        out.post_norm = self.post_norm.shifted_by_one()?;
+        out.attn.q_norm = shift(&self.attn.q_norm)?;
+        out.attn.k_norm = shift(&self.attn.k_norm)?;
+        Ok(out)
+    }
+
+    /// The arrays to evaluate at load.
+    pub(crate) fn arrays(&self) -> Vec<Array> {
+        let mut v = self.attn.arrays();
+        v.extend(self.mlp.arrays());
+        v
+    }
 }
 
 /// A Llama-family decoder.
@@ -114,6 +197,9 @@ pub struct Llama {
     /// `[H, V]`: the transposed view of `lm_head.weight`, or of the embedding when tied.
     lm_head: Linear,
     rope: Rope,
+    /// The checkpoint's MTP head, loaded once; each request gets a copy with
+    /// fresh draft caches (the arrays are shared handles).
+    mtp: Option<MtpHead>,
 }
 
 impl Llama {
@@ -125,52 +211,21 @@ impl Llama {
         layout: LinearLayout,
     ) -> Result<Llama> {
         let h = c.hidden_size;
-        let d = c.head_dim;
-        let (nq, nkv) = (c.num_attention_heads, c.num_key_value_heads);
-        let eps = c.rms_norm_eps;
         let embed = w.take(
             "model.embed_tokens.weight",
             &[c.vocab_size as i32, h as i32],
         )?;
-        let bias_all = c.attention_bias.unwrap_or(false);
-        let qkv_bias = variant.qkv_bias || bias_all;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let a = format!("{p}.self_attn");
-            let (q_norm, k_norm) = if variant.qk_norm {
-                (
-                    Some(RmsNorm::load(w, &format!("{a}.q_norm.weight"), d, eps)?),
-                    Some(RmsNorm::load(w, &format!("{a}.k_norm.weight"), d, eps)?),
-                )
-            } else {
-                (None, None)
-            };
-            let attn = Attention {
-                q: Linear::load(w, &format!("{a}.q_proj"), h, nq * d, qkv_bias, layout)?,
-                k: Linear::load(w, &format!("{a}.k_proj"), h, nkv * d, qkv_bias, layout)?,
-                v: Linear::load(w, &format!("{a}.v_proj"), h, nkv * d, qkv_bias, layout)?,
-                o: Linear::load(w, &format!("{a}.o_proj"), nq * d, h, bias_all, layout)?,
-                q_norm,
-                k_norm,
-                heads: nq as i32,
-                kv_heads: nkv as i32,
-                head_dim: d as i32,
-                scale: 1.0 / (d as f32).sqrt(),
-            };
-            layers.push(Layer {
-                input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm.weight"), h, eps)?,
-                attn,
-                post_norm: RmsNorm::load(
-                    w,
-                    &format!("{p}.post_attention_layernorm.weight"),
-                    h,
-                    eps,
-                )?,
-                mlp: Mlp::load(w, &format!("{p}.mlp"), h, c.intermediate_size, layout)?,
-            });
+            layers.push(Layer::load(
+                c,
+                w,
+                &format!("model.layers.{i}"),
+                variant,
+                layout,
+            )?);
         }
-        let norm = RmsNorm::load(w, "model.norm.weight", h, eps)?;
+        let norm = RmsNorm::load(w, "model.norm.weight", h, c.rms_norm_eps)?;
         let lm_head = if c.tie_word_embeddings {
             // A checkpoint may carry a redundant copy; the embedding is authoritative.
             let _ = w.take_optional("lm_head.weight", &[c.vocab_size as i32, h as i32])?;
@@ -178,11 +233,26 @@ impl Llama {
         } else {
             Linear::load(w, "lm_head", h, c.vocab_size, false, layout)?
         };
-        let rope = Rope::new(d, c.rope_theta, &c.rope_scaling)?;
+        let rope = Rope::new(c.head_dim, c.rope_theta, &c.rope_scaling)?;
+        // The head is gated on its tensors, not on the config's announcement.
+        let mtp = match MtpLayout::detect(c, |name| w.contains(name)) {
+            Some(kind) => Some(MtpHead::load(
+                kind, c, w, variant, layout, &embed, &lm_head, &rope,
+            )?),
+            None => {
+                if c.mtp_layers > 0 {
+                    tracing::warn!(
+                        declared = c.mtp_layers,
+                        "config announces MTP layers but no MTP tensors were found"
+                    );
+                }
+                None
+            }
+        };
         let left = w.remaining();
         let unknown: Vec<&String> = left
             .iter()
-            .filter(|n| !n.starts_with("mtp.") && !n.contains("rotary_emb.inv_freq"))
+            .filter(|n| !n.contains("rotary_emb.inv_freq"))
             .collect();
         if !unknown.is_empty() {
             tracing::warn!(count = unknown.len(), first = %unknown[0], "unused tensors in checkpoint");
@@ -194,6 +264,7 @@ impl Llama {
             norm,
             lm_head,
             rope,
+            mtp,
         };
         mlx_tensor::eval(&m.arrays())?;
         Ok(m)
@@ -202,8 +273,7 @@ impl Llama {
     fn arrays(&self) -> Vec<Array> {
         let mut v = vec![self.embed.clone()];
         for l in &self.layers {
-            v.extend(l.attn.arrays());
-            v.extend(l.mlp.arrays());
+            v.extend(l.arrays());
         }
         v.extend(self.lm_head.arrays());
         v.extend(self.rope.arrays());
@@ -226,13 +296,7 @@ impl Model for Llama {
             .take(tokens, 0)?
             .reshape(&[1, l, self.config.hidden_size as i32])?;
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            let a =
-                layer
-                    .attn
-                    .forward(&layer.input_norm.forward(&x)?, cache.as_mut(), &self.rope)?;
-            let h = x.add(&a)?;
-            let m = layer.mlp.forward(&layer.post_norm.forward(&h)?)?;
-            x = h.add(&m)?;
+            x = layer.forward(&x, cache.as_mut(), &self.rope)?;
         }
         Ok(self
             .norm
@@ -257,5 +321,11 @@ impl Model for Llama {
 
     fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    fn mtp_head(&self) -> Option<Box<dyn mtp_draft::DraftHead>> {
+        self.mtp
+            .as_ref()
+            .map(|h| Box::new(h.fresh()) as Box<dyn mtp_draft::DraftHead>)
     }
 }

@@ -6,7 +6,7 @@ use mtp_draft::{DraftHead, HeadOutput};
 
 use super::layout::{MtpLayout, zero_centred_norms};
 use crate::config::ModelConfig;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::models::layers::{Linear, LinearLayout, RmsNorm};
 use crate::models::llama::{Layer, Variant};
 use crate::models::rope::Rope;
@@ -59,7 +59,11 @@ impl MtpHead {
         let hidden_norm = norm(w, &names.hidden_norm)?;
         let proj = Linear::load(w, &names.proj, 2 * h, h, false, linear)?;
         let block = Layer::load(c, w, &names.block, variant, linear)?;
-        let block = if shift { block.with_shifted_norms()? } else { block };
+        let block = if shift {
+            block.with_shifted_norms()?
+        } else {
+            block
+        };
         let final_norm = norm(w, &names.final_norm)?;
         if let Some(dup) = &names.duplicate_embed {
             let _ = w.take_optional(dup, &[c.vocab_size as i32, h as i32])?;
@@ -89,6 +93,23 @@ impl MtpHead {
         Ok(head)
     }
 
+    /// A copy sharing every weight, with empty draft caches: one per request.
+    pub fn fresh(&self) -> MtpHead {
+        MtpHead {
+            layout: self.layout,
+            embed: self.embed.clone(),
+            embed_norm: self.embed_norm.clone(),
+            hidden_norm: self.hidden_norm.clone(),
+            proj: self.proj.clone(),
+            block: self.block.clone(),
+            final_norm: self.final_norm.clone(),
+            lm_head: self.lm_head.clone(),
+            rope: self.rope.clone(),
+            caches: vec![Box::new(KvCache::new())],
+            hidden_size: self.hidden_size,
+        }
+    }
+
     /// The tensor layout this head was loaded from.
     pub fn layout(&self) -> MtpLayout {
         self.layout
@@ -101,14 +122,18 @@ impl MtpHead {
         v
     }
 
-    fn forward_rows(&mut self, tokens: &Array, hiddens: &Array, position: usize) -> Result<HeadOutput> {
+    fn forward_rows(
+        &mut self,
+        tokens: &Array,
+        hiddens: &Array,
+        position: usize,
+    ) -> Result<HeadOutput> {
         let l = tokens.dim(0);
         let offset = self.caches[0].offset();
-        if offset != position {
-            return Err(Error::Internal(format!(
-                "MTP head asked to write slot {position} but its cache is at {offset}"
-            )));
-        }
+        assert_eq!(
+            offset, position,
+            "MTP head asked to write slot {position} but its draft cache is at {offset}"
+        );
         let e = self.embed_norm.forward(&self.embed.take(tokens, 0)?)?;
         let g = self.hidden_norm.forward(&hiddens.as_type(e.dtype())?)?;
         let fused = if self.layout.hidden_first() {
@@ -116,28 +141,53 @@ impl MtpHead {
         } else {
             ops::concatenate(&[e, g], -1)?
         };
-        let u = self.proj.forward(&fused)?.reshape(&[1, l, self.hidden_size])?;
-        let o = self.block.forward(&u, self.caches[0].as_mut(), &self.rope)?;
+        let u = self
+            .proj
+            .forward(&fused)?
+            .reshape(&[1, l, self.hidden_size])?;
+        let o = self
+            .block
+            .forward(&u, self.caches[0].as_mut(), &self.rope)?;
         let o = o.reshape(&[l, self.hidden_size])?;
         Ok(if self.layout.norm_in_head() {
-            HeadOutput { out: o.clone(), hidden: o }
+            HeadOutput {
+                out: o.clone(),
+                hidden: o,
+            }
         } else {
             let n = self.final_norm.forward(&o)?;
-            HeadOutput { out: n.clone(), hidden: n }
+            HeadOutput {
+                out: n.clone(),
+                hidden: n,
+            }
         })
     }
 }
 
 impl DraftHead for MtpHead {
-    fn forward(&mut self, tokens: &Array, hiddens: &Array, position: usize) -> mtp_draft::Result<HeadOutput> {
-        self.forward_rows(tokens, hiddens, position).map_err(|e| mtp_draft::Error::Head(Box::new(e)))
+    fn forward(
+        &mut self,
+        tokens: &Array,
+        hiddens: &Array,
+        position: usize,
+    ) -> mtp_draft::Result<HeadOutput> {
+        self.forward_rows(tokens, hiddens, position)
+            .map_err(|e| mtp_draft::Error::Head(Box::new(e)))
     }
 
     fn unembed(&mut self, out: &Array) -> mtp_draft::Result<Array> {
         let run = || -> Result<Array> {
-            let x = if self.layout.norm_in_head() { self.final_norm.forward(out)? } else { out.clone() };
+            let x = if self.layout.norm_in_head() {
+                self.final_norm.forward(out)?
+            } else {
+                out.clone()
+            };
             let logits = self.lm_head.forward(&x)?;
-            Ok(if logits.dtype() == Dtype::Float32 { logits } else { logits.as_type(Dtype::Float32)? })
+            Ok(if logits.dtype() == Dtype::Float32 {
+                logits
+            } else {
+                logits.as_type(Dtype::Float32)?
+            })
         };
         run().map_err(|e| mtp_draft::Error::Head(Box::new(e)))
     }
