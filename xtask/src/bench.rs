@@ -14,11 +14,23 @@ struct Suite {
 }
 
 /// The suites `cargo xtask bench` knows, in the order `bench list` shows them.
-const SUITES: &[Suite] = &[Suite {
-    name: "gemm",
-    about: "x[m,2048] @ w[2048,2048] for m = 1, 4, 8 in f32 and bf16 (mlx-tensor example `gemm`)",
-    run: gemm,
-}];
+const SUITES: &[Suite] = &[
+    Suite {
+        name: "gemm",
+        about: "x[m,2048] @ w[2048,2048] for m = 1, 4, 8 in f32 and bf16 (mlx-tensor example `gemm`)",
+        run: gemm,
+    },
+    Suite {
+        name: "decode",
+        about: "plain greedy decode tokens/s on models/tiny-mtp: ours and mlx-lm's in one run, with the ratio",
+        run: decode,
+    },
+    Suite {
+        name: "spec",
+        about: "plain vs speculative decoding (MTP per depth, draft model, n-gram) on models/tiny-mtp (runner example `spec-bench`)",
+        run: spec,
+    },
+];
 
 /// Dispatches to the named suite, passing the remaining arguments through.
 pub fn run(args: &[String]) -> Result<()> {
@@ -67,4 +79,113 @@ fn release_example(package: &str, example: &str, args: &[String]) -> Result<()> 
 
 fn gemm(args: &[String]) -> Result<()> {
     release_example("mlx-tensor", "gemm", args)
+}
+
+/// The bundled model the model benchmarks run on unless `--model` is given.
+const BUNDLED: &str = "models/tiny-mtp";
+
+fn with_default_model(args: &[String]) -> Vec<String> {
+    let mut out = args.to_vec();
+    if !args.iter().any(|a| a == "--model") {
+        out.extend([
+            "--model".to_owned(),
+            cmd::root().join(BUNDLED).display().to_string(),
+        ]);
+    }
+    out
+}
+
+/// Ours (runner example `decode-bench`) then mlx-lm's (`mlx_lm_decode.py`) on the
+/// same weights, prompt and token count; then one summary line with the ratio.
+fn decode(args: &[String]) -> Result<()> {
+    let args = with_default_model(args);
+    let ours = capture_example("runner", "decode-bench", &args)?;
+    print!("{ours}");
+    let theirs = match crate::python::mlx_lm_interpreter() {
+        Some(py) => {
+            let script = cmd::root().join("crates/runner/examples/mlx_lm_decode.py");
+            let mut c = std::process::Command::new(py);
+            c.current_dir(cmd::root()).arg(script).args(&args);
+            // A fair race: mlx-lm's libmlx gets the same OpenBLAS our binary links.
+            if let Some(blas) = crate::setup::openblas_path() {
+                c.env("LD_PRELOAD", blas);
+            }
+            let out = cmd::output("mlx-lm decode", &mut c)?;
+            print!("{out}");
+            Some(out)
+        }
+        None => {
+            eprintln!(
+                "xtask: bench decode: mlx-lm not found (set MTP_PYTHON to a python with `mlx-lm[cpu]`, \
+                 or run `cargo xtask setup --python`); printing our figures only"
+            );
+            None
+        }
+    };
+    let ours_tps = median_field(&ours, "decode_tps");
+    let theirs_tps = theirs
+        .as_deref()
+        .and_then(|t| median_field(t, "decode_tps"));
+    let summary = serde_json::json!({
+        "bench": "decode",
+        "summary": true,
+        "ours_decode_tps": ours_tps,
+        "mlx_lm_decode_tps": theirs_tps,
+        "mlx_lm_blas": if crate::setup::openblas_path().is_some() { "OpenBLAS (LD_PRELOAD)" } else { "bundled reference BLAS" },
+        "ratio_ours_over_mlx_lm": match (ours_tps, theirs_tps) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        },
+    });
+    println!("{summary}");
+    Ok(())
+}
+
+fn spec(args: &[String]) -> Result<()> {
+    release_example("runner", "spec-bench", &with_default_model(args))
+}
+
+/// A release build of an example, its stdout captured.
+fn capture_example(package: &str, example: &str, args: &[String]) -> Result<String> {
+    cmd::output(
+        &format!("bench {example}"),
+        cmd::cargo()
+            .args([
+                "run",
+                "--quiet",
+                "--release",
+                "-p",
+                package,
+                "--example",
+                example,
+                "--",
+            ])
+            .args(args),
+    )
+}
+
+/// The median of a numeric field over JSON lines.
+fn median_field(lines: &str, field: &str) -> Option<f64> {
+    let mut v: Vec<f64> = lines
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|j| j.get(field).and_then(serde_json::Value::as_f64))
+        .collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[v.len() / 2])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median_field;
+
+    #[test]
+    fn median_of_json_lines_skips_other_lines() {
+        let lines = "noise\n{\"decode_tps\": 3.0}\n{\"decode_tps\": 1.0}\n{\"x\": 9}\n{\"decode_tps\": 2.0}\n";
+        assert_eq!(median_field(lines, "decode_tps"), Some(2.0));
+        assert_eq!(median_field("nothing", "decode_tps"), None);
+    }
 }

@@ -33,3 +33,17 @@ pub fn run_script(script: &str, args: &[String]) -> Result<()> {
     c.current_dir(cmd::root()).arg(&path).args(args);
     cmd::run(script, &mut c)
 }
+
+/// A Python that can `import mlx_lm`: `$MTP_PYTHON`, the setup venv, `/work/venvs/mlx`, or `python3`.
+pub fn mlx_lm_interpreter() -> Option<PathBuf> {
+    let mut candidates = vec![interpreter()];
+    candidates.push(PathBuf::from("/work/venvs/mlx/bin/python"));
+    candidates.into_iter().find(|py| {
+        Command::new(py)
+            .args(["-c", "import mlx_lm"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}

@@ -22,6 +22,11 @@ pub fn venv_dir() -> PathBuf {
     home.join(".cache/mtp-runner/venv")
 }
 
+/// The OpenBLAS library, when installed.
+pub fn openblas_path() -> Option<&'static str> {
+    OPENBLAS.iter().copied().find(|p| Path::new(p).is_file())
+}
+
 pub fn run(args: &[String]) -> Result<()> {
     let mut python = false;
     for a in args {
