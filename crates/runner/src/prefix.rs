@@ -1,0 +1,313 @@
+//! [`PrefixCache`]: cached prompt prefixes across sessions and requests, with
+//! the draft caches restored together with the target's.
+//!
+//! Each entry holds a snapshot of every cache of a session at rest (target
+//! caches at `C` committed tokens, draft caches at `C - 1`, see
+//! [`Session`]) and sits in a compressed [`Trie`] under the keys of its
+//! tokens. With draft caches, draft slot `i` fuses token `i + 1`, so key `i`
+//! is the token pair `(token i, token i + 1)` ([`keys`]): matching `k` keys
+//! verifies `k + 1` tokens, and every match length is a valid restore point
+//! for the draft caches too. Without them key `i` is token `i`.
+//!
+//! A restore keeps at most `prompt.len() - 1` tokens, so at least one prompt
+//! token is evaluated again (it produces the first sample). Full-attention
+//! snapshots hold every position up to the entry's end, so any entry at or
+//! below the match point restores the whole match (sliced); snapshots of
+//! caches that cannot rewind (recurrent, rotating) restore only at their own
+//! offset, so for those only the entries on the matched path count.
+//!
+//! Entries are evicted least recently used first whenever the snapshots hold
+//! more than the byte budget. Dropping an entry (evicted, replaced, covered
+//! by a deeper full-attention entry, or with the cache) releases its pins.
+
+mod trie;
+
+pub use trie::{Found, NodeId, Trie};
+
+use kvcache::{Cache, Snapshot};
+
+use crate::error::{Error, Result};
+use crate::generate::Session;
+use crate::reuse::common_prefix;
+
+/// Default byte budget of a [`PrefixCache`]: 256 MiB.
+pub const DEFAULT_BUDGET: usize = 256 << 20;
+
+/// The trie keys of `tokens`: the tokens themselves for look-ahead 0, the
+/// `len - 1` pairs `token[i] << 32 | token[i + 1]` for look-ahead 1.
+///
+/// # Panics
+/// For a look-ahead above 1 (no drafter has one).
+pub fn keys(tokens: &[u32], lookahead: usize) -> Vec<u64> {
+    match lookahead {
+        0 => tokens.iter().map(|&t| u64::from(t)).collect(),
+        1 => tokens
+            .windows(2)
+            .map(|w| (u64::from(w[0]) << 32) | u64::from(w[1]))
+            .collect(),
+        n => panic!("prefix keys for a look-ahead of {n}: only 0 and 1 exist"),
+    }
+}
+
+/// Tokens verified by `k` matched keys.
+fn verified(k: usize, lookahead: usize) -> usize {
+    if k == 0 { 0 } else { k + lookahead }
+}
+
+/// Where a prompt's reused prefix came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReuseSource {
+    /// Nothing was reused.
+    None,
+    /// The live session was rewound to the common prefix.
+    Live,
+    /// The caches were restored from a stored entry.
+    Stored,
+}
+
+/// What [`PrefixCache::prepare`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reuse {
+    /// Prompt tokens the session now holds: generate from `prompt[tokens..]`.
+    pub tokens: usize,
+    /// Where they came from.
+    pub source: ReuseSource,
+}
+
+/// The shape of the sessions a cache serves; entries of one do not fit another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    lookahead: usize,
+    target: usize,
+    draft: usize,
+}
+
+impl Layout {
+    fn of(s: &Session<'_>) -> Layout {
+        Layout {
+            lookahead: s.lookahead(),
+            target: s.caches().len(),
+            draft: s.draft_caches().len(),
+        }
+    }
+}
+
+/// One session's caches at rest.
+#[derive(Debug)]
+struct Entry {
+    /// Committed tokens `C`: the target snapshots stand at `C`, the draft
+    /// snapshots at `C - 1`.
+    tokens: usize,
+    target: Vec<Snapshot>,
+    draft: Vec<Snapshot>,
+    /// Every snapshot restores to any lower offset (all full attention).
+    sliceable: bool,
+}
+
+impl Entry {
+    /// Whether this entry can put a session at `n` committed tokens.
+    fn restores_to(&self, n: usize) -> bool {
+        n <= self.tokens && (self.sliceable || n == self.tokens)
+    }
+}
+
+/// Prompt prefixes cached across requests (see the module docs).
+#[derive(Debug)]
+pub struct PrefixCache {
+    trie: Trie<Entry>,
+    budget: usize,
+    layout: Option<Layout>,
+}
+
+impl PrefixCache {
+    /// An empty cache holding at most `budget` bytes of snapshots.
+    pub fn new(budget: usize) -> PrefixCache {
+        PrefixCache {
+            trie: Trie::new(),
+            budget,
+            layout: None,
+        }
+    }
+
+    /// Bytes of snapshots held (at most the budget).
+    pub fn bytes(&self) -> usize {
+        self.trie.bytes()
+    }
+
+    /// The byte budget.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// Entries stored.
+    pub fn len(&self) -> usize {
+        self.trie.len()
+    }
+
+    /// True when nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.trie.is_empty()
+    }
+
+    /// Drops every entry (and its pins).
+    pub fn clear(&mut self) {
+        drop(self.trie.clear());
+    }
+
+    fn check_layout(&mut self, s: &Session<'_>) -> Result<Layout> {
+        let now = Layout::of(s);
+        match self.layout {
+            None => {
+                self.layout = Some(now);
+                Ok(now)
+            }
+            Some(l) if l == now => Ok(now),
+            Some(l) => Err(Error::InvalidOption {
+                option: "prefix cache",
+                message: format!(
+                    "built for sessions with {} target caches, {} draft caches and look-ahead {}, \
+                     used with {} / {} / {}: keep one prefix cache per model and speculation mode",
+                    l.target, l.draft, l.lookahead, now.target, now.draft, now.lookahead
+                ),
+            }),
+        }
+    }
+
+    /// Stores the session's caches under its committed tokens. Returns false
+    /// when there is nothing to key (fewer tokens than one key needs) or the
+    /// snapshots alone exceed the budget; otherwise evicts older entries
+    /// until the budget holds.
+    pub fn store(&mut self, session: &Session<'_>) -> Result<bool> {
+        let layout = self.check_layout(session)?;
+        let tokens = session.offset();
+        let keys = keys(session.committed(), layout.lookahead);
+        if keys.is_empty() {
+            return Ok(false);
+        }
+        let level = Session::draft_level(tokens);
+        for (i, c) in session.draft_caches().iter().enumerate() {
+            assert_eq!(
+                c.offset(),
+                level,
+                "draft cache {i} at {} with {tokens} committed tokens",
+                c.offset()
+            );
+        }
+        let snap = |cs: &[Box<dyn Cache>]| -> Result<Vec<Snapshot>> {
+            Ok(cs.iter().map(|c| c.snapshot()).collect::<Result<_, _>>()?)
+        };
+        let entry = Entry {
+            tokens,
+            target: snap(session.caches())?,
+            draft: snap(session.draft_caches())?,
+            sliceable: session
+                .caches()
+                .iter()
+                .chain(session.draft_caches())
+                .all(|c| c.kind() == "KvCache"),
+        };
+        let arrays: Vec<_> = entry
+            .target
+            .iter()
+            .chain(&entry.draft)
+            .flat_map(Snapshot::arrays)
+            .collect();
+        mlx_tensor::eval(&arrays)?;
+        let bytes = arrays.iter().map(|a| a.nbytes()).sum::<usize>();
+        if bytes > self.budget {
+            tracing::debug!(bytes, budget = self.budget, "prefix entry over budget");
+            return Ok(false);
+        }
+        let sliceable = entry.sliceable;
+        let (node, replaced) = self.trie.insert(&keys, entry, bytes);
+        drop(replaced);
+        if sliceable {
+            // A full-attention entry restores every prefix of itself.
+            for a in self.trie.ancestors_with_entries(node) {
+                if self.trie.get(a).is_some_and(|e| e.sliceable) {
+                    drop(self.trie.remove(a));
+                }
+            }
+        }
+        let evicted = self.trie.evict_to(self.budget);
+        tracing::debug!(
+            tokens,
+            bytes,
+            evicted = evicted.len(),
+            held = self.trie.bytes(),
+            "prefix stored"
+        );
+        Ok(true)
+    }
+
+    /// Puts `session` at the longest prefix of `prompt` available, from the
+    /// live session itself (a rewind, the cheapest) or from a stored entry,
+    /// and never past `prompt.len() - 1` tokens. Generate from
+    /// `prompt[reuse.tokens..]` afterwards.
+    pub fn prepare(&mut self, session: &mut Session<'_>, prompt: &[u32]) -> Result<Reuse> {
+        let layout = self.check_layout(session)?;
+        let cap = prompt.len().saturating_sub(1);
+        let live = common_prefix(session.committed(), prompt).min(cap);
+        let found = self.trie.find(&keys(prompt, layout.lookahead));
+        let at = |depth: usize| verified(depth.min(found.matched), layout.lookahead).min(cap);
+        let best = found
+            .below
+            .into_iter()
+            .chain(found.on_path.iter().copied())
+            .map(|(node, depth)| (node, at(depth)))
+            .find(|&(node, n)| n > live && self.trie.get(node).is_some_and(|e| e.restores_to(n)));
+        let Some((node, n)) = best else {
+            session.rewind_to(live)?;
+            let source = if live > 0 {
+                ReuseSource::Live
+            } else {
+                ReuseSource::None
+            };
+            return Ok(Reuse {
+                tokens: live,
+                source,
+            });
+        };
+        let entry = self.trie.get(node).expect("candidate has an entry");
+        restore(session, entry, &prompt[..n])?;
+        self.trie.touch(node);
+        tracing::debug!(tokens = n, live, "prefix restored");
+        Ok(Reuse {
+            tokens: n,
+            source: ReuseSource::Stored,
+        })
+    }
+}
+
+/// Restores every cache of `session` from `entry` to hold `tokens`.
+fn restore(session: &mut Session<'_>, entry: &Entry, tokens: &[u32]) -> Result<()> {
+    let n = tokens.len();
+    let level = Session::draft_level(n);
+    put(&mut session.caches, &entry.target, n)?;
+    put(session.draft_caches_mut(), &entry.draft, level)?;
+    session.committed = tokens.to_vec();
+    session.offset();
+    Ok(())
+}
+
+/// Restores each cache from its snapshot to `offset`.
+fn put(caches: &mut [Box<dyn Cache>], snaps: &[Snapshot], offset: usize) -> Result<()> {
+    assert_eq!(
+        caches.len(),
+        snaps.len(),
+        "{} caches but {} snapshots",
+        caches.len(),
+        snaps.len()
+    );
+    for (layer, (c, s)) in caches.iter_mut().zip(snaps).enumerate() {
+        if !c.restore(Some(s), offset)? {
+            return Err(kvcache::Error::SnapshotMissing {
+                offset,
+                layer,
+                cache_offset: c.offset(),
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
