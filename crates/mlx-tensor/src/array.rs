@@ -124,6 +124,7 @@ impl Array {
     /// Evaluates the graph that produces this array and waits for it.
     #[track_caller]
     pub fn eval(&self) -> Result<()> {
+        count_sync();
         check(sys::eval_one(self.raw()))
     }
 
@@ -136,6 +137,7 @@ impl Array {
     /// Waits for a scheduled evaluation to finish.
     #[track_caller]
     pub fn wait(&self) -> Result<()> {
+        count_sync();
         check(sys::wait_one(self.raw()))
     }
 
@@ -150,6 +152,7 @@ impl Array {
         };
         let width = T::DTYPE.size();
         let mut bytes = vec![0u8; src.size() * width];
+        count_sync();
         check(sys::read_into(src.raw(), &mut bytes))?;
         Ok(bytes.chunks_exact(width).map(T::read_bytes).collect())
     }
@@ -218,6 +221,7 @@ impl List {
 /// Evaluates several arrays in one graph run and waits for all of them.
 #[track_caller]
 pub fn eval<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
+    count_sync();
     check(sys::eval_list(List::new(arrays).raw()))
 }
 
@@ -225,4 +229,19 @@ pub fn eval<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
 #[track_caller]
 pub fn async_eval<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<()> {
     check(sys::async_eval_list(List::new(arrays).raw()))
+}
+
+thread_local! {
+    static SYNCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn count_sync() {
+    SYNCS.with(|c| c.set(c.get() + 1));
+}
+
+/// Blocking host syncs made on this thread so far: every `eval`, `wait`,
+/// `to_vec` and `item` counts one (`async_eval` does not). Decode loops use
+/// it to prove they sync with the device once per step or round.
+pub fn host_syncs() -> u64 {
+    SYNCS.with(std::cell::Cell::get)
 }

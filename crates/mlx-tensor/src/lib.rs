@@ -68,7 +68,7 @@ pub mod ops;
 mod pin;
 pub mod random;
 
-pub use array::{Array, Shape, async_eval, eval};
+pub use array::{Array, Shape, async_eval, eval, host_syncs};
 pub use device::{
     Device, Stream, blas_info, default_device, device_name, gpu_available, memory, mlx_version,
     set_default_device, synchronize,
