@@ -144,6 +144,20 @@ pub enum Error {
          `model.mtp_layers.0.input_proj` tensors): use `--speculative off` or `auto`"
     )]
     NoMtpHead,
+    /// A draft model's tokenizer differs from the target's.
+    #[error(
+        "draft model {draft} does not share the tokenizer of the target {target}: {detail}; \
+         speculative decoding needs both to map text to the same ids (pick a draft model of the \
+         same family and tokenizer)"
+    )]
+    DraftTokenizerMismatch {
+        /// The target model folder.
+        target: PathBuf,
+        /// The draft model folder.
+        draft: PathBuf,
+        /// The first difference found.
+        detail: String,
+    },
     /// A cache operation failed.
     #[error(transparent)]
     Cache(#[from] kvcache::Error),

@@ -6,9 +6,10 @@
 //! the host reads token `i`, so the host's detokenizing and callbacks overlap
 //! the next forward, and there is one sync per token.
 //!
-//! A session made with [`Session::with_mtp`] decodes in speculative rounds
-//! instead (see [`crate::speculate`]): one host sync per round, and the same
-//! tokens as the plain loop under greedy decoding.
+//! A session made with [`Session::with_mtp`], [`Session::with_draft_model`]
+//! or [`Session::with_ngram`] decodes in speculative rounds instead (see
+//! [`crate::speculate`] and [`crate::drafter`]): one host sync per round, and
+//! the same tokens as the plain loop under greedy decoding.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -17,6 +18,7 @@ use mlx_tensor::Array;
 
 use crate::depth::{DepthController, DepthPolicy};
 use crate::detok::StreamDetokenizer;
+use crate::drafter::{DraftRun, ModelDrafter, NgramDrafter, NgramOptions, SpecDrafter};
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::spec_stats::SpecStats;
@@ -24,7 +26,7 @@ use crate::stats::Stats;
 use crate::stop::{StopMatcher, StopStep};
 use crate::tokenizer::Tokenizer;
 use kvcache::{Cache, restore_all};
-use mtp_draft::{DraftHead, DraftSession, Drafter};
+use mtp_draft::Drafter;
 use sampler::{History, KeyStream, Options, sample_next};
 
 /// Prompt tokens per prefill forward.
@@ -92,8 +94,7 @@ pub struct Generation {
     pub speculation: Option<SpecStats>,
 }
 
-/// A drafter over whichever MTP head the model has.
-pub type MtpDrafter = Drafter<Box<dyn DraftHead>>;
+pub use crate::drafter::MtpDrafter;
 
 /// One sequence's caches and the tokens they hold.
 pub struct Session<'m> {
@@ -102,10 +103,11 @@ pub struct Session<'m> {
     /// Tokens whose keys and values are in `caches`, in order. Invariant: every
     /// cache's offset equals `committed.len()` between calls.
     pub(crate) committed: Vec<u32>,
-    /// The MTP drafter of a speculative session. Between calls its draft
-    /// caches hold the pairs of every committed slot but the last (whose pair
-    /// needs the token after it).
-    drafter: Option<MtpDrafter>,
+    /// The drafter of a speculative session. Between calls an MTP drafter's
+    /// draft caches hold the pairs of every committed slot but the last
+    /// (whose pair needs the token after it); a draft model holds a prefix of
+    /// `committed` (re-synced when a request opens).
+    pub(crate) drafter: Option<SpecDrafter<'m>>,
 }
 
 impl std::fmt::Debug for Session<'_> {
@@ -114,7 +116,7 @@ impl std::fmt::Debug for Session<'_> {
             .field("model", &self.model)
             .field("caches", &self.caches)
             .field("committed", &self.committed.len())
-            .field("speculative", &self.drafter.is_some())
+            .field("drafter", &self.drafter.as_ref().map(SpecDrafter::method))
             .finish()
     }
 }
@@ -133,14 +135,41 @@ impl<'m> Session<'m> {
     /// A session that decodes speculatively with the model's MTP head.
     pub fn with_mtp(model: &'m dyn Model) -> Result<Session<'m>> {
         let head = model.mtp_head().ok_or(Error::NoMtpHead)?;
-        let mut s = Session::new(model);
-        s.drafter = Some(Drafter::new(head));
-        Ok(s)
+        Ok(Session::with_drafter(
+            model,
+            SpecDrafter::Mtp(Drafter::new(head)),
+        ))
     }
 
-    /// True when the session drafts with an MTP head.
+    /// A session that decodes speculatively with a separate draft model
+    /// (load it with [`crate::drafter::load_draft`], which checks that the
+    /// tokenizers agree).
+    pub fn with_draft_model(model: &'m dyn Model, draft: &'m dyn Model) -> Session<'m> {
+        let drafter = ModelDrafter::new(draft, model.vocab_size());
+        Session::with_drafter(model, SpecDrafter::Model(drafter))
+    }
+
+    /// A session that decodes speculatively with n-gram prompt lookup.
+    pub fn with_ngram(model: &'m dyn Model, options: NgramOptions) -> Session<'m> {
+        let drafter = NgramDrafter::new(model.vocab_size(), options);
+        Session::with_drafter(model, SpecDrafter::Ngram(drafter))
+    }
+
+    /// A session that decodes speculatively with `drafter`.
+    pub fn with_drafter(model: &'m dyn Model, drafter: SpecDrafter<'m>) -> Session<'m> {
+        let mut s = Session::new(model);
+        s.drafter = Some(drafter);
+        s
+    }
+
+    /// True when the session drafts (with any drafter).
     pub fn is_speculative(&self) -> bool {
         self.drafter.is_some()
+    }
+
+    /// The drafter's method name (`mtp`, `draft-model`, `ngram`), or `None` for a plain session.
+    pub fn drafter_method(&self) -> Option<&'static str> {
+        self.drafter.as_ref().map(SpecDrafter::method)
     }
 
     /// Tokens in the caches.
@@ -182,7 +211,10 @@ impl<'m> Session<'m> {
     ) -> Result<Option<Array>> {
         let mut drafter = self.drafter.take();
         let result = (|| {
-            let mut draft = drafter.as_mut().map(|d| d.open());
+            let mut draft = match drafter.as_mut() {
+                Some(d) => Some(d.open(&self.committed)?),
+                None => None,
+            };
             let last = self.prefill_chunks(tokens, chunk, cancel, draft.as_mut())?;
             if let Some(d) = draft {
                 d.close()?;
@@ -198,7 +230,7 @@ impl<'m> Session<'m> {
         tokens: &[u32],
         chunk: usize,
         cancel: &AtomicBool,
-        mut draft: Option<&mut DraftSession<'_, Box<dyn DraftHead>>>,
+        mut draft: Option<&mut DraftRun<'_, 'm>>,
     ) -> Result<Option<Array>> {
         let mut last = None;
         for part in tokens.chunks(chunk.max(1)) {
@@ -213,7 +245,7 @@ impl<'m> Session<'m> {
             mlx_tensor::eval(&state)?;
             self.committed.extend_from_slice(part);
             if let Some(d) = draft.as_deref_mut() {
-                d.committed(&ids, &hidden, pos)?;
+                d.committed(part, &ids, &hidden, pos)?;
             }
             last = Some(hidden);
         }
@@ -296,7 +328,7 @@ impl<'m> Session<'m> {
     #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
-        drafter: Option<&mut MtpDrafter>,
+        drafter: Option<&mut SpecDrafter<'m>>,
         tok: &Tokenizer,
         prompt: &[u32],
         max_tokens: usize,
@@ -307,11 +339,13 @@ impl<'m> Session<'m> {
         mlx_tensor::memory::reset_peak();
         let t0 = Instant::now();
         let (body, seed) = prompt.split_at(prompt.len() - 1);
-        // A speculative session re-runs its last committed token: the hidden
-        // there completes the draft caches' open boundary pair with the first
-        // new token (at least one token is always re-evaluated).
+        // An MTP session re-runs its last committed token: the hidden there
+        // completes the draft caches' open boundary pair with the first new
+        // token (at least one token is always re-evaluated).
         let mut body = body.to_vec();
-        if let (Some(d), Some(&last)) = (drafter.as_deref(), self.committed.last()) {
+        if let (Some(SpecDrafter::Mtp(d)), Some(&last)) =
+            (drafter.as_deref(), self.committed.last())
+        {
             let keep = self.committed.len() - 1;
             let draft_offset = d.head().cache_offset().unwrap_or(keep);
             assert!(
@@ -322,7 +356,10 @@ impl<'m> Session<'m> {
             self.committed.truncate(keep);
             body.insert(0, last);
         }
-        let mut draft = drafter.map(|d| d.open());
+        let mut draft = match drafter {
+            Some(d) => Some(d.open(&self.committed)?),
+            None => None,
+        };
         self.prefill_chunks(&body, opts.prefill_chunk, cancel, draft.as_mut())?;
 
         let sampling = &opts.sampling;
@@ -431,7 +468,7 @@ impl<'m> Session<'m> {
     #[allow(clippy::too_many_arguments)]
     fn decode_speculative<F: FnMut(&str)>(
         &mut self,
-        draft: &mut DraftSession<'_, Box<dyn DraftHead>>,
+        draft: &mut DraftRun<'_, 'm>,
         seed: u32,
         opts: &GenerateOptions,
         history: &mut History,
@@ -440,7 +477,7 @@ impl<'m> Session<'m> {
         cancel: &AtomicBool,
     ) -> Result<SpecStats> {
         let mut depth = DepthController::new(opts.depth);
-        let mut stats = SpecStats::new("mtp");
+        let mut stats = SpecStats::new(draft.method());
         let eos = output.eos.clone();
         let mut current = seed;
         loop {

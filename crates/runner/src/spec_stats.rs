@@ -5,7 +5,7 @@ use crate::speculate::RoundOutcome;
 /// Figures of one speculative generation.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SpecStats {
-    /// The drafter: `mtp`, or `off` when speculation was not used.
+    /// The drafter: `mtp`, `draft-model` or `ngram` (`off` when speculation was not used).
     pub method: String,
     /// Rounds run (plain steps included).
     pub rounds: usize,

@@ -14,9 +14,10 @@ use std::time::Instant;
 
 use kvcache::restore_all;
 use mlx_tensor::{Array, ops};
-use mtp_draft::{DraftHead, DraftSampling, DraftSession};
+use mtp_draft::DraftSampling;
 use sampler::{Distribution, History, KeyStream, Options, accept_chain, sample_next};
 
+use crate::drafter::DraftRun;
 use crate::error::Result;
 use crate::generate::Session;
 
@@ -34,13 +35,13 @@ pub struct RoundOutcome {
     pub seconds: f64,
 }
 
-impl Session<'_> {
+impl<'m> Session<'m> {
     /// Runs one round at depth `depth` (0, or an unprimed drafter: a plain step
     /// that still reports its run to the draft session).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn spec_round<H: DraftHead>(
+    pub(crate) fn spec_round(
         &mut self,
-        draft: &mut DraftSession<'_, H>,
+        draft: &mut DraftRun<'_, 'm>,
         current: u32,
         depth: usize,
         opts: &Options,
@@ -51,19 +52,17 @@ impl Session<'_> {
         let t0 = Instant::now();
         let pos = self.offset();
         let cur = Array::from_slice(&[current], &[1])?;
-        let proposal = if depth > 0 {
-            draft.propose(
-                &cur,
-                depth,
-                DraftSampling {
-                    options: opts,
-                    history,
-                    keys,
-                },
-            )?
-        } else {
-            None
-        };
+        let proposal = draft.propose(
+            current,
+            &cur,
+            &self.committed,
+            depth,
+            DraftSampling {
+                options: opts,
+                history,
+                keys,
+            },
+        )?;
         let Some(proposal) = proposal else {
             let hidden = self.model.forward(&cur, &mut self.caches)?;
             let logits = self.model.unembed(&hidden)?;
@@ -73,7 +72,7 @@ impl Session<'_> {
             state.push(hidden.clone());
             mlx_tensor::eval(&state)?;
             let next: u32 = y.item()?;
-            draft.committed(&cur, &hidden, pos)?;
+            draft.committed(&[current], &cur, &hidden, pos)?;
             self.committed.push(current);
             return Ok(RoundOutcome {
                 drafted: 0,
@@ -113,13 +112,16 @@ impl Session<'_> {
         };
         let keep = keep_drafts + 1;
         restore_all(&mut self.caches, pos + keep, &[])?;
+        let kept: Vec<u32> = std::iter::once(current)
+            .chain(emitted[..keep_drafts].iter().copied())
+            .collect();
         draft.committed(
+            &kept,
             &input.slice_axis(0, 0, keep as i32)?,
             &hidden.slice_axis(0, 0, keep as i32)?,
             pos,
         )?;
-        self.committed.push(current);
-        self.committed.extend_from_slice(&emitted[..keep_drafts]);
+        self.committed.extend_from_slice(&kept);
         Ok(RoundOutcome {
             drafted: k,
             accepted,
