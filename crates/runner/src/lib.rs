@@ -27,6 +27,7 @@
 
 pub mod chat;
 pub mod config;
+pub mod conversation;
 pub mod depth;
 pub mod detok;
 mod error;

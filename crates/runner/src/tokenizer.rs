@@ -170,6 +170,18 @@ impl Tokenizer {
         &self.eos_ids
     }
 
+    /// A copy that also ends generation at `ids` (for example a chat
+    /// template's end-of-turn token).
+    pub fn with_extra_eos(&self, ids: &[u32]) -> Tokenizer {
+        let mut t = self.clone();
+        for &id in ids {
+            if !t.eos_ids.contains(&id) {
+                t.eos_ids.push(id);
+            }
+        }
+        t
+    }
+
     /// Begin-of-sequence id and text.
     pub fn bos(&self) -> Option<(u32, &str)> {
         self.bos.as_ref().map(|(i, s)| (*i, s.as_str()))
