@@ -53,12 +53,28 @@ pub enum Command {
 /// `generate` options.
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
-    /// Model folder (config.json, *.safetensors, tokenizer.json).
-    #[arg(long, short)]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub decode: DecodeArgs,
     /// Prompt text; read from stdin when absent.
     #[arg(long, short)]
     pub prompt: Option<String>,
+    /// Format the prompt with the model's chat template as a user message.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message for --chat.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// Print one JSON object with the text, token ids and statistics instead of streaming.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Model, sampling and decoding options shared by `generate` and `chat`.
+#[derive(Debug, Args)]
+pub struct DecodeArgs {
+    /// Model folder (config.json, *.safetensors, tokenizer.json).
+    #[arg(long, short)]
+    pub model: PathBuf,
     /// Most tokens to generate.
     #[arg(long, short = 'n', default_value_t = 256)]
     pub max_tokens: usize,
@@ -89,18 +105,9 @@ pub struct GenerateArgs {
     /// Random seed (default: from the clock).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Format the prompt with the model's chat template as a user message.
-    #[arg(long)]
-    pub chat: bool,
-    /// System message for --chat.
-    #[arg(long, requires = "chat")]
-    pub system: Option<String>,
     /// Stop before this string (repeatable; `\n` and `\t` are newline and tab).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
-    /// Print one JSON object with the text, token ids and statistics instead of streaming.
-    #[arg(long)]
-    pub json: bool,
     /// Where to run.
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     pub device: DeviceArg,

@@ -20,7 +20,8 @@ use runner::depth::DepthPolicy;
 use runner::{FinishReason, GenerateOptions, LoadOptions, SamplingOptions, Session};
 
 use args::{
-    Cli, Command, DeviceArg, DraftTokens, DtypeArg, GenerateArgs, InfoArgs, SpeculativeArg,
+    Cli, Command, DecodeArgs, DeviceArg, DraftTokens, DtypeArg, GenerateArgs, InfoArgs,
+    SpeculativeArg,
 };
 
 /// Exit code for a usage error or bad input.
@@ -137,7 +138,7 @@ fn read_prompt(a: &GenerateArgs) -> Result<String> {
     Ok(s)
 }
 
-fn sampling(a: &GenerateArgs, g: &runner::GenerationConfig) -> SamplingOptions {
+fn sampling(a: &DecodeArgs, g: &runner::GenerationConfig) -> SamplingOptions {
     let greedy_default = g.do_sample == Some(false) || g.temperature.is_none();
     SamplingOptions {
         temperature: a.temperature.unwrap_or(if greedy_default {
@@ -156,7 +157,7 @@ fn sampling(a: &GenerateArgs, g: &runner::GenerationConfig) -> SamplingOptions {
     }
 }
 
-fn load_with_progress(a: &GenerateArgs) -> Result<runner::LoadedModel> {
+fn load_with_progress(a: &DecodeArgs) -> Result<runner::LoadedModel> {
     let dtype = match a.dtype {
         DtypeArg::F32 => Dtype::Float32,
         DtypeArg::Bf16 => Dtype::Bfloat16,
@@ -210,6 +211,36 @@ fn unescape(s: &str) -> String {
     out
 }
 
+/// The generation options that `--max-tokens`, the sampling flags, `--stop`
+/// and `--draft-tokens` ask for.
+fn generate_options(a: &DecodeArgs, g: &runner::GenerationConfig) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens: a.max_tokens,
+        sampling: sampling(a, g),
+        stop: a.stop.iter().map(|s| unescape(s)).collect(),
+        fallback_seed: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+        depth: match a.draft_tokens {
+            DraftTokens::Fixed(n) => DepthPolicy::Fixed(n),
+            DraftTokens::Auto => DepthPolicy::default(),
+        },
+        ..GenerateOptions::default()
+    }
+}
+
+/// A session decoding as `--speculative` asks.
+fn open_session<'m>(a: &DecodeArgs, m: &'m runner::LoadedModel) -> Result<Session<'m>> {
+    Ok(match a.speculative {
+        SpeculativeArg::Off => Session::new(m.model.as_ref()),
+        SpeculativeArg::Mtp => Session::with_mtp(m.model.as_ref()).context("--speculative mtp")?,
+        SpeculativeArg::Auto => {
+            Session::with_mtp(m.model.as_ref()).unwrap_or_else(|_| Session::new(m.model.as_ref()))
+        }
+    })
+}
+
 #[allow(clippy::print_stderr)]
 fn generate(a: GenerateArgs, verbose: bool) -> Result<u8> {
     let cancel = Arc::new(AtomicBool::new(false));
@@ -218,9 +249,9 @@ fn generate(a: GenerateArgs, verbose: bool) -> Result<u8> {
         ctrlc::set_handler(move || c.store(true, Ordering::Relaxed))
             .context("installing the Ctrl-C handler")?;
     }
-    set_device(a.device)?;
+    set_device(a.decode.device)?;
     let prompt_text = read_prompt(&a)?;
-    let m = load_with_progress(&a)?;
+    let m = load_with_progress(&a.decode)?;
     let prompt = if a.chat {
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
@@ -234,28 +265,9 @@ fn generate(a: GenerateArgs, verbose: bool) -> Result<u8> {
         m.tokenizer.encode(&prompt_text, true)
     }
     .context("tokenizing the prompt")?;
-    let opts = GenerateOptions {
-        max_tokens: a.max_tokens,
-        sampling: sampling(&a, &m.generation_config),
-        stop: a.stop.iter().map(|s| unescape(s)).collect(),
-        fallback_seed: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0),
-        depth: match a.draft_tokens {
-            DraftTokens::Fixed(n) => DepthPolicy::Fixed(n),
-            DraftTokens::Auto => DepthPolicy::default(),
-        },
-        ..GenerateOptions::default()
-    };
+    let opts = generate_options(&a.decode, &m.generation_config);
     tracing::info!(prompt_tokens = prompt.len(), ?opts.sampling, "generating");
-    let mut session = match a.speculative {
-        SpeculativeArg::Off => Session::new(m.model.as_ref()),
-        SpeculativeArg::Mtp => Session::with_mtp(m.model.as_ref()).context("--speculative mtp")?,
-        SpeculativeArg::Auto => {
-            Session::with_mtp(m.model.as_ref()).unwrap_or_else(|_| Session::new(m.model.as_ref()))
-        }
-    };
+    let mut session = open_session(&a.decode, &m)?;
     let mut stdout = std::io::stdout().lock();
     let mut write_err = None;
     let g = session
