@@ -53,7 +53,8 @@ pub struct SpeculationReport {
 }
 
 impl SpeculationReport {
-    fn new(g: &Generation) -> Self {
+    /// The report of `g`'s speculation (`method` `off` without one).
+    pub fn new(g: &Generation) -> Self {
         match &g.speculation {
             Some(s) => SpeculationReport {
                 method: s.method.clone(),

@@ -1,0 +1,227 @@
+//! `mtp-runner chat`: a multi-turn conversation, interactive or scripted,
+//! each turn reusing the cached prefix of the history.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde::Serialize;
+
+use runner::conversation::{Conversation, Turn};
+use runner::prefix::ReuseSource;
+use runner::{FinishReason, GenerateOptions};
+
+use crate::args::DecodeArgs;
+use crate::report::{SpeculationReport, finish_name, stats_line};
+
+/// Examples shown after `chat --help`.
+pub const AFTER_HELP: &str = "EXAMPLES:
+  mtp-runner chat --model models/tiny-mtp
+  mtp-runner chat --model models/tiny-mtp --script turns.txt -n 32 --temperature 0
+
+In the interactive form type a message and press Enter; `/stats` prints the
+figures of the last turn, `/reset` starts a new conversation, `/quit` (or
+end of input) leaves. Ctrl-C stops the reply being generated.
+
+With --script FILE every non-empty line is one user turn, and one JSON object
+per turn is printed: turn, text, token_ids, prompt_tokens, reused_tokens,
+reuse_source, generated_tokens, prefill_tps, decode_tps, finish_reason and
+the speculation object of `generate --json`.";
+
+/// `chat` options.
+#[derive(Debug, Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub decode: DecodeArgs,
+    /// System message at the start of the conversation.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Run the user turns of FILE (one per line), printing one JSON object per turn.
+    #[arg(long, value_name = "FILE")]
+    pub script: Option<PathBuf>,
+    /// Memory for cached prefixes, in MiB (0: reuse only the live session).
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    pub prefix_cache_mib: usize,
+}
+
+/// One turn of `--script` output.
+#[derive(Debug, Serialize)]
+struct TurnReport<'a> {
+    turn: usize,
+    text: &'a str,
+    token_ids: &'a [u32],
+    /// Tokens of the whole templated prompt (history included).
+    prompt_tokens: usize,
+    /// Of those, tokens reused from the caches.
+    reused_tokens: usize,
+    /// `none`, `live` or `stored`.
+    reuse_source: &'static str,
+    generated_tokens: usize,
+    prefill_tps: f64,
+    decode_tps: f64,
+    finish_reason: &'static str,
+    speculation: SpeculationReport,
+}
+
+impl<'a> TurnReport<'a> {
+    fn new(t: &'a Turn) -> Self {
+        let g = &t.generation;
+        TurnReport {
+            turn: t.index,
+            text: &g.text,
+            token_ids: &g.token_ids,
+            prompt_tokens: t.prompt.len(),
+            reused_tokens: t.reused_tokens,
+            reuse_source: source_name(t.source),
+            generated_tokens: g.stats.generated_tokens,
+            prefill_tps: g.stats.prefill_tps(),
+            decode_tps: g.stats.decode_tps(),
+            finish_reason: finish_name(g.finish),
+            speculation: SpeculationReport::new(g),
+        }
+    }
+}
+
+fn source_name(s: ReuseSource) -> &'static str {
+    match s {
+        ReuseSource::None => "none",
+        ReuseSource::Live => "live",
+        ReuseSource::Stored => "stored",
+    }
+}
+
+/// One line of per-turn figures.
+fn turn_line(t: &Turn) -> String {
+    format!(
+        "turn {}: prompt {} tokens ({} reused, {}) | {}",
+        t.index,
+        t.prompt.len(),
+        t.reused_tokens,
+        source_name(t.source),
+        stats_line(&t.generation)
+    )
+}
+
+/// Runs `chat`.
+#[allow(clippy::print_stderr)]
+pub fn run(a: ChatArgs, verbose: bool) -> Result<u8> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    {
+        let c = Arc::clone(&cancel);
+        ctrlc::set_handler(move || c.store(true, Ordering::Relaxed))
+            .context("installing the Ctrl-C handler")?;
+    }
+    crate::set_device(a.decode.device)?;
+    let script = match &a.script {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading the script {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let m = crate::load_with_progress(&a.decode)?;
+    let opts = crate::generate_options(&a.decode, &m.generation_config);
+    let session = crate::open_session(&a.decode, &m)?;
+    let mut chat = Conversation::new(
+        session,
+        &m.tokenizer,
+        a.system.as_deref(),
+        a.prefix_cache_mib << 20,
+    )
+    .context("starting the chat (the model needs a chat template in tokenizer_config.json)")?;
+    match script {
+        Some(text) => run_script(&mut chat, &text, &opts, &cancel, verbose),
+        None => run_interactive(&mut chat, &opts, &cancel, verbose),
+    }
+}
+
+#[allow(clippy::print_stderr)]
+fn run_script(
+    chat: &mut Conversation<'_>,
+    script: &str,
+    opts: &GenerateOptions,
+    cancel: &AtomicBool,
+    verbose: bool,
+) -> Result<u8> {
+    let mut stdout = std::io::stdout().lock();
+    for (i, line) in script.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+        let t = chat
+            .say(line, opts, cancel, |_| {})
+            .with_context(|| format!("script turn {}", i + 1))?;
+        serde_json::to_writer(&mut stdout, &TurnReport::new(&t))?;
+        writeln!(stdout)?;
+        if verbose {
+            eprintln!("{}", turn_line(&t));
+        }
+        if t.generation.finish == FinishReason::Cancelled {
+            return Ok(crate::EXIT_INTERRUPTED);
+        }
+    }
+    Ok(0)
+}
+
+#[allow(clippy::print_stderr)]
+fn run_interactive(
+    chat: &mut Conversation<'_>,
+    opts: &GenerateOptions,
+    cancel: &AtomicBool,
+    verbose: bool,
+) -> Result<u8> {
+    let stdin = std::io::stdin();
+    let tty = stdin.is_terminal();
+    let mut stdout = std::io::stdout().lock();
+    let mut last: Option<Turn> = None;
+    let mut lines = stdin.lock().lines();
+    loop {
+        if tty {
+            eprint!("> ");
+        }
+        let Some(line) = lines.next() else { break };
+        let line = line.context("reading a message from stdin")?;
+        match line.trim() {
+            "" => continue,
+            "/quit" | "/exit" => break,
+            "/reset" => {
+                chat.reset();
+                last = None;
+                eprintln!("(new conversation)");
+                continue;
+            }
+            "/stats" => {
+                match &last {
+                    Some(t) => eprintln!(
+                        "{} | prefix cache: {:.1} of {:.1} MiB",
+                        turn_line(t),
+                        chat.prefix_cache().bytes() as f64 / (1 << 20) as f64,
+                        chat.prefix_cache().budget() as f64 / (1 << 20) as f64
+                    ),
+                    None => eprintln!("(no turn yet)"),
+                }
+                continue;
+            }
+            _ => {}
+        }
+        cancel.store(false, Ordering::Relaxed);
+        let mut write_err = None;
+        let t = chat.say(&line, opts, cancel, |text| {
+            if write_err.is_none() {
+                write_err = stdout
+                    .write_all(text.as_bytes())
+                    .and_then(|_| stdout.flush())
+                    .err();
+            }
+        })?;
+        if let Some(e) = write_err {
+            return Err(e).context("writing to stdout");
+        }
+        writeln!(stdout)?;
+        if verbose {
+            eprintln!("{}", turn_line(&t));
+        }
+        last = Some(t);
+    }
+    Ok(0)
+}
