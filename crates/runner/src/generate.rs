@@ -287,11 +287,6 @@ impl<'m> Session<'m> {
                 message: "must be at least 1 token (the default is 2048)".into(),
             });
         }
-        if let DepthPolicy::Fixed(0) | DepthPolicy::Auto { max: 0 } = opts.depth {
-            if self.drafter.is_some() {
-                tracing::debug!("draft depth 0: every round is a plain step");
-            }
-        }
         let context = self.model.context_length();
         let total = self.committed.len() + prompt.len();
         if prompt.is_empty() {

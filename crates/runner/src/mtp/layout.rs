@@ -109,10 +109,9 @@ impl MtpLayout {
 /// (as their trunk norms) and every other model type stores plain weights.
 /// The bundled tiny model is `qwen3` with `mtp_norm_zero_centered: false`.
 pub fn zero_centred_norms(config: &ModelConfig) -> bool {
-    config.mtp_norm_zero_centered.unwrap_or_else(|| {
-        matches!(
-            config.model_type.as_str(),
-            "qwen3_next" | "qwen3_5" | "qwen3_5_moe" | "qwen3_5_text"
-        )
-    })
+    let by_type = matches!(
+        config.model_type.as_str(),
+        "qwen3_next" | "qwen3_5" | "qwen3_5_moe" | "qwen3_5_text"
+    );
+    config.mtp_norm_zero_centered.unwrap_or(by_type)
 }
