@@ -48,6 +48,9 @@ pub enum Command {
     /// Write an MLX affine-quantized (4- or 8-bit) copy of a model folder.
     #[command(after_help = crate::quantize::AFTER_HELP)]
     Quantize(crate::quantize::QuantizeArgs),
+    /// Chat with a model over several turns (interactive, or --script FILE).
+    #[command(allow_negative_numbers = true, after_help = crate::chat::AFTER_HELP)]
+    Chat(crate::chat::ChatArgs),
 }
 
 /// `generate` options.
@@ -115,9 +118,16 @@ pub struct DecodeArgs {
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
     /// Speculative decoding: `mtp` drafts with the model's MTP head (an error
-    /// without one), `auto` uses it when present, `off` decodes plainly.
+    /// without one), `draft-model` with `--draft-model`, `ngram` by prompt
+    /// lookup; `auto` picks MTP when the model has a head, else the draft
+    /// model when one is given, else n-gram lookup (whose auto depth falls
+    /// back to plain steps when drafts do not pay); `off` decodes plainly.
     #[arg(long, value_enum, default_value_t = SpeculativeArg::Auto)]
     pub speculative: SpeculativeArg,
+    /// A smaller model with the same tokenizer to draft with (`--speculative
+    /// draft-model`, or `auto` for a model without an MTP head).
+    #[arg(long, value_name = "DIR")]
+    pub draft_model: Option<PathBuf>,
     /// Draft tokens per round: a number, or `auto` (per round, the depth with
     /// the best expected tokens per second; it may fall back to 0).
     #[arg(long, default_value = "auto", value_parser = parse_draft_tokens)]
@@ -131,7 +141,11 @@ pub enum SpeculativeArg {
     Off,
     /// Multi-token prediction with the model's own head.
     Mtp,
-    /// MTP when the model has a head, else plain.
+    /// A separate draft model (`--draft-model DIR`).
+    DraftModel,
+    /// N-gram prompt lookup (no model).
+    Ngram,
+    /// MTP when the model has a head, else the draft model when given, else n-gram.
     Auto,
 }
 

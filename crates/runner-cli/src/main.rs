@@ -4,6 +4,7 @@
 //! that the generation loop checks every token.
 
 mod args;
+mod chat;
 mod quantize;
 mod report;
 
@@ -50,6 +51,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => generate(a, cli.verbose),
         Command::Info(a) => info(a),
         Command::Quantize(a) => quantize::run(a),
+        Command::Chat(a) => chat::run(a, cli.verbose),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -157,16 +159,21 @@ fn sampling(a: &DecodeArgs, g: &runner::GenerationConfig) -> SamplingOptions {
     }
 }
 
-fn load_with_progress(a: &DecodeArgs) -> Result<runner::LoadedModel> {
+/// The load options `--dtype` asks for.
+fn load_options(a: &DecodeArgs) -> LoadOptions {
     let dtype = match a.dtype {
         DtypeArg::F32 => Dtype::Float32,
         DtypeArg::Bf16 => Dtype::Bfloat16,
         DtypeArg::F16 => Dtype::Float16,
     };
-    let opts = LoadOptions {
+    LoadOptions {
         dtype,
         ..LoadOptions::default()
-    };
+    }
+}
+
+fn load_with_progress(a: &DecodeArgs) -> Result<runner::LoadedModel> {
+    let opts = load_options(a);
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(
@@ -230,14 +237,58 @@ fn generate_options(a: &DecodeArgs, g: &runner::GenerationConfig) -> GenerateOpt
     }
 }
 
-/// A session decoding as `--speculative` asks.
+/// A session decoding as `--speculative` asks, without a draft model.
 fn open_session<'m>(a: &DecodeArgs, m: &'m runner::LoadedModel) -> Result<Session<'m>> {
-    Ok(match a.speculative {
-        SpeculativeArg::Off => Session::new(m.model.as_ref()),
-        SpeculativeArg::Mtp => Session::with_mtp(m.model.as_ref()).context("--speculative mtp")?,
-        SpeculativeArg::Auto => {
-            Session::with_mtp(m.model.as_ref()).unwrap_or_else(|_| Session::new(m.model.as_ref()))
+    open_session_with(a, m, None)
+}
+
+/// The `--draft-model` when the `--speculative` choice will use it, loaded
+/// after checking that its tokenizer is the target's.
+fn load_draft_model(
+    a: &DecodeArgs,
+    m: &runner::LoadedModel,
+) -> Result<Option<runner::LoadedModel>> {
+    let wanted = match a.speculative {
+        SpeculativeArg::DraftModel => true,
+        SpeculativeArg::Auto => m.model.mtp_head().is_none(),
+        SpeculativeArg::Off | SpeculativeArg::Mtp | SpeculativeArg::Ngram => false,
+    };
+    let Some(dir) = a.draft_model.as_deref().filter(|_| wanted) else {
+        if a.speculative == SpeculativeArg::DraftModel {
+            anyhow::bail!(
+                "--speculative draft-model needs --draft-model DIR (a smaller model with the same tokenizer)"
+            );
         }
+        return Ok(None);
+    };
+    let draft = runner::drafter::load_draft(dir, &a.model, &m.tokenizer, load_options(a))
+        .with_context(|| format!("loading the draft model from {}", dir.display()))?;
+    Ok(Some(draft))
+}
+
+/// A session decoding as `--speculative` asks, drafting with `draft` when it uses a draft model.
+fn open_session_with<'m>(
+    a: &DecodeArgs,
+    m: &'m runner::LoadedModel,
+    draft: Option<&'m runner::LoadedModel>,
+) -> Result<Session<'m>> {
+    let target = m.model.as_ref();
+    let ngram = || Session::with_ngram(target, runner::drafter::NgramOptions::default());
+    Ok(match (a.speculative, draft) {
+        (SpeculativeArg::Off, _) => Session::new(target),
+        (SpeculativeArg::Mtp, _) => Session::with_mtp(target).context("--speculative mtp")?,
+        (SpeculativeArg::DraftModel, Some(d)) => {
+            Session::with_draft_model(target, d.model.as_ref())
+        }
+        (SpeculativeArg::DraftModel, None) => {
+            anyhow::bail!("--speculative draft-model needs --draft-model DIR")
+        }
+        (SpeculativeArg::Ngram, _) => ngram(),
+        (SpeculativeArg::Auto, d) => match (Session::with_mtp(target), d) {
+            (Ok(s), _) => s,
+            (Err(_), Some(d)) => Session::with_draft_model(target, d.model.as_ref()),
+            (Err(_), None) => ngram(),
+        },
     })
 }
 
@@ -267,7 +318,8 @@ fn generate(a: GenerateArgs, verbose: bool) -> Result<u8> {
     .context("tokenizing the prompt")?;
     let opts = generate_options(&a.decode, &m.generation_config);
     tracing::info!(prompt_tokens = prompt.len(), ?opts.sampling, "generating");
-    let mut session = open_session(&a.decode, &m)?;
+    let draft = load_draft_model(&a.decode, &m)?;
+    let mut session = open_session_with(&a.decode, &m, draft.as_ref())?;
     let mut stdout = std::io::stdout().lock();
     let mut write_err = None;
     let g = session
