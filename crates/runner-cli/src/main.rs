@@ -255,9 +255,12 @@ fn load_draft_model(
     };
     let Some(dir) = a.draft_model.as_deref().filter(|_| wanted) else {
         if a.speculative == SpeculativeArg::DraftModel {
-            anyhow::bail!(
-                "--speculative draft-model needs --draft-model DIR (a smaller model with the same tokenizer)"
-            );
+            return Err(Usage(
+                "--speculative draft-model needs --draft-model DIR (a smaller model with the same \
+                 tokenizer)"
+                    .into(),
+            )
+            .into());
         }
         return Ok(None);
     };
@@ -281,7 +284,7 @@ fn open_session_with<'m>(
             Session::with_draft_model(target, d.model.as_ref())
         }
         (SpeculativeArg::DraftModel, None) => {
-            anyhow::bail!("--speculative draft-model needs --draft-model DIR")
+            return Err(Usage("--speculative draft-model needs --draft-model DIR".into()).into());
         }
         (SpeculativeArg::Ngram, _) => ngram(),
         (SpeculativeArg::Auto, d) => match (Session::with_mtp(target), d) {

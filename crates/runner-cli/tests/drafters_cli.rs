@@ -1,0 +1,107 @@
+//! `--speculative draft-model|ngram|auto` and `--draft-model` end to end: the
+//! method reported in `--json`, greedy text equal to plain decoding, and the
+//! exit code 2 for a missing or mismatched draft model.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use runner::testing::{Arch, Fixture, write_checkpoint};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mtp-runner");
+
+fn model_dir(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// Runs `generate` on `model` and checks the exit code; stderr must mention each of `needles`.
+fn check(model: &str, rest: &[&str], code: i32, needles: &[&str]) -> Output {
+    let mut args = vec!["generate", "--model", model];
+    args.extend_from_slice(rest);
+    let out = Command::new(BIN).args(&args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{args:?}: stderr {err}");
+    for n in needles {
+        assert!(
+            err.contains(n),
+            "{args:?}: stderr `{err}` should mention `{n}`"
+        );
+    }
+    out
+}
+
+/// `(speculation.method, text)` of a greedy `--json` run.
+fn greedy_json(model: &str, rest: &[&str]) -> (String, String) {
+    let mut args = vec![
+        "--prompt",
+        "Tom and Sam went to the park. Tom and Sam",
+        "-n",
+        "24",
+    ];
+    args.extend_from_slice(&["--temperature", "0", "--json"]);
+    args.extend_from_slice(rest);
+    let out = check(model, &args, 0, &[]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        v["speculation"]["method"].as_str().unwrap().to_owned(),
+        v["text"].as_str().unwrap().to_owned(),
+    )
+}
+
+#[test]
+fn each_drafter_reports_its_method_and_matches_plain_text() {
+    let target = model_dir("tiny-mtp");
+    let draft = model_dir("tiny-draft");
+    let (_, plain) = greedy_json(&target, &["--speculative", "off"]);
+    let cases: [(&[&str], &str); 4] = [
+        (&["--speculative", "mtp"], "mtp"),
+        (
+            &["--speculative", "draft-model", "--draft-model", &draft],
+            "draft-model",
+        ),
+        (&["--speculative", "ngram"], "ngram"),
+        // Auto prefers the MTP head over a given draft model.
+        (&["--draft-model", &draft], "mtp"),
+    ];
+    for (args, method) in cases {
+        let (got, text) = greedy_json(&target, args);
+        assert_eq!(got, method, "{args:?}");
+        assert_eq!(text, plain, "{args:?}");
+    }
+    // A model without a head: auto takes the draft model when given, else n-gram lookup.
+    assert_eq!(
+        greedy_json(&draft, &["--draft-model", &draft]).0,
+        "draft-model"
+    );
+    assert_eq!(greedy_json(&draft, &[]).0, "ngram");
+}
+
+#[test]
+fn a_missing_or_mismatched_draft_model_is_bad_input() {
+    let target = model_dir("tiny-mtp");
+    check(
+        &target,
+        &["--prompt", "hi", "--speculative", "draft-model"],
+        2,
+        &["--draft-model DIR"],
+    );
+    let other = tempfile::tempdir().unwrap();
+    write_checkpoint(other.path(), &Fixture::new(Arch::Qwen3), 3).unwrap();
+    let other_dir = other.path().display().to_string();
+    check(
+        &target,
+        &[
+            "--prompt",
+            "hi",
+            "--speculative",
+            "draft-model",
+            "--draft-model",
+            &other_dir,
+        ],
+        2,
+        &["does not share the tokenizer", &other_dir, &target],
+    );
+}
