@@ -30,6 +30,7 @@ pub mod config;
 pub mod conversation;
 pub mod depth;
 pub mod detok;
+pub mod drafter;
 mod error;
 pub mod generate;
 pub mod load;
