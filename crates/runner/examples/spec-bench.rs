@@ -57,6 +57,8 @@ fn session<'m>(
     }
 }
 
+// A benchmark binary: notes go to stderr, results to stdout.
+#[allow(clippy::print_stderr)]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let (mut model, mut draft_dir, mut tokens, mut runs) =
