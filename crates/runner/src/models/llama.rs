@@ -5,7 +5,7 @@ use mlx_tensor::{Array, fast};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::model::Model;
-use crate::models::layers::{Linear, LinearLayout, Mlp, RmsNorm};
+use crate::models::layers::{Embedding, Linear, LinearLayout, Mlp, RmsNorm};
 use crate::models::rope::Rope;
 use crate::mtp::{MtpHead, MtpLayout};
 use crate::weights::Weights;
@@ -191,7 +191,7 @@ impl Layer {
 #[derive(Debug)]
 pub struct Llama {
     config: ModelConfig,
-    embed: Array,
+    embed: Embedding,
     layers: Vec<Layer>,
     norm: RmsNorm,
     /// `[H, V]`: the transposed view of `lm_head.weight`, or of the embedding when tied.
@@ -211,10 +211,7 @@ impl Llama {
         layout: LinearLayout,
     ) -> Result<Llama> {
         let h = c.hidden_size;
-        let embed = w.take(
-            "model.embed_tokens.weight",
-            &[c.vocab_size as i32, h as i32],
-        )?;
+        let embed = Embedding::load(w, "model.embed_tokens", c.vocab_size, h)?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
             layers.push(Layer::load(
@@ -229,7 +226,7 @@ impl Llama {
         let lm_head = if c.tie_word_embeddings {
             // A checkpoint may carry a redundant copy; the embedding is authoritative.
             let _ = w.take_optional("lm_head.weight", &[c.vocab_size as i32, h as i32])?;
-            Linear::from_weight(&embed, None, layout)?
+            embed.as_linear(layout)?
         } else {
             Linear::load(w, "lm_head", h, c.vocab_size, false, layout)?
         };
@@ -271,7 +268,7 @@ impl Llama {
     }
 
     fn arrays(&self) -> Vec<Array> {
-        let mut v = vec![self.embed.clone()];
+        let mut v = self.embed.arrays();
         for l in &self.layers {
             v.extend(l.arrays());
         }
@@ -293,7 +290,7 @@ impl Model for Llama {
         let l = tokens.dim(0);
         let mut x = self
             .embed
-            .take(tokens, 0)?
+            .forward(tokens)?
             .reshape(&[1, l, self.config.hidden_size as i32])?;
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             x = layer.forward(&x, cache.as_mut(), &self.rope)?;

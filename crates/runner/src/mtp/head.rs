@@ -7,7 +7,7 @@ use mtp_draft::{DraftHead, HeadOutput};
 use super::layout::{MtpLayout, zero_centred_norms};
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::models::layers::{Linear, LinearLayout, RmsNorm};
+use crate::models::layers::{Embedding, Linear, LinearLayout, RmsNorm};
 use crate::models::llama::{Layer, Variant};
 use crate::models::rope::Rope;
 use crate::weights::Weights;
@@ -21,7 +21,7 @@ use crate::weights::Weights;
 #[derive(Debug)]
 pub struct MtpHead {
     layout: MtpLayout,
-    embed: Array,
+    embed: Embedding,
     embed_norm: RmsNorm,
     hidden_norm: RmsNorm,
     proj: Linear,
@@ -44,7 +44,7 @@ impl MtpHead {
         w: &mut Weights,
         variant: Variant,
         linear: LinearLayout,
-        embed: &Array,
+        embed: &Embedding,
         lm_head: &Linear,
         rope: &Rope,
     ) -> Result<MtpHead> {
@@ -134,7 +134,7 @@ impl MtpHead {
             offset, position,
             "MTP head asked to write slot {position} but its draft cache is at {offset}"
         );
-        let e = self.embed_norm.forward(&self.embed.take(tokens, 0)?)?;
+        let e = self.embed_norm.forward(&self.embed.forward(tokens)?)?;
         let g = self.hidden_norm.forward(&hiddens.as_type(e.dtype())?)?;
         let fused = if self.layout.hidden_first() {
             ops::concatenate(&[g, e], -1)?
