@@ -388,9 +388,12 @@ impl<'m> Session<'m> {
             d.close()?;
         }
         output.finish()?;
-        // The last dispatched forward may still be running; finish it so the caches are settled.
+        // The last dispatched forward (and a draft flush's async evaluation) may
+        // still be running: finish everything on the stream so the caches are
+        // settled and no work is in flight when the caller drops arrays or exits.
         let state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
         mlx_tensor::eval(&state)?;
+        mlx_tensor::synchronize()?;
         let t_end = Instant::now();
         let t_first = output.t_first.unwrap_or(t_end);
         let mut result = output.result;

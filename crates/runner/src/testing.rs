@@ -83,7 +83,7 @@ pub struct Fixture {
     pub context: usize,
     /// Stored dtype of the weights.
     pub dtype: Dtype,
-    /// Add `mtp.*` tensors (which the plain model must ignore).
+    /// Add a complete Qwen3.5-layout MTP head (`mtp.*`).
     pub mtp: bool,
     /// Write a chat template into tokenizer_config.json.
     pub chat_template: bool,
@@ -164,8 +164,14 @@ impl Fixture {
             rand(&[v, h], 1.0, 0.0)?,
         )];
         let qkv_bias = self.arch == Arch::Qwen2;
-        for i in 0..self.layers {
-            let p = format!("model.layers.{i}");
+        // The MTP head's block is one more decoder layer of the same shape.
+        let mut blocks: Vec<String> = (0..self.layers)
+            .map(|i| format!("model.layers.{i}"))
+            .collect();
+        if self.mtp {
+            blocks.push("mtp.layers.0".to_owned());
+        }
+        for p in blocks {
             let a = format!("{p}.self_attn");
             t.push((format!("{p}.input_layernorm.weight"), rand(&[h], 0.1, 1.0)?));
             t.push((
@@ -209,6 +215,9 @@ impl Fixture {
                 rand(&[h, 2 * h], lin(2 * h), 0.0)?,
             ));
             t.push(("mtp.norm.weight".to_owned(), rand(&[h], 0.1, 1.0)?));
+            for norm in ["pre_fc_norm_embedding", "pre_fc_norm_hidden"] {
+                t.push((format!("mtp.{norm}.weight"), rand(&[h], 0.1, 1.0)?));
+            }
         }
         Ok(t)
     }
