@@ -1,6 +1,8 @@
 //! `mtp-runner generate --speculative ... --draft-tokens ...` end to end: the
 //! `speculation` object of `--json` on the bundled tiny-mtp, greedy output equal
 //! to `--speculative off`, and the usage errors (exit 2, naming the flag).
+// The measured figures are reported on stderr (`-- --nocapture` shows them).
+#![allow(clippy::print_stderr)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -2,6 +2,8 @@
 //! tiny-mtp model (f32): 20 held-out prompts × 128 tokens at depths 1–4 and auto,
 //! an end-of-sequence token inside an accepted run, the budget cap on the draft
 //! length, cache bookkeeping after every call, and multi-turn continuation.
+// The measured figures are reported on stderr (`-- --nocapture` shows them).
+#![allow(clippy::print_stderr)]
 
 mod common;
 
@@ -226,7 +228,11 @@ fn eos_inside_an_accepted_run_ends_generation_and_is_not_committed() {
     let m = load(dir.path());
     let prompts = heldout_prompts(&m);
     let mut inside = 0;
+    // Scan the prompts in order until two generations put the EOS inside an accepted run.
     for (p, prompt) in prompts.iter().enumerate() {
+        if inside >= 2 {
+            break;
+        }
         let want = plain(&m, prompt, &greedy(64, DepthPolicy::Fixed(0)));
         for k in [3, 4] {
             let mut s = Session::with_mtp(m.model.as_ref()).unwrap();
