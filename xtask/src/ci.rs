@@ -25,7 +25,15 @@ pub fn run(args: &[String]) -> Result<()> {
         ]),
     )?;
     deps::run()?;
-    cmd::run("test", cmd::cargo().args(["test", "--workspace"]))?;
+    // One OpenBLAS thread: its idle threads spin on the 2-core CI machine and
+    // slow MLX's own worker down, and OpenBLAS 0.3.21's pthread build can hang
+    // in `blas_thread_shutdown_` at the exit of a test binary that used them.
+    cmd::run(
+        "test",
+        cmd::cargo()
+            .args(["test", "--workspace"])
+            .env("OPENBLAS_NUM_THREADS", "1"),
+    )?;
     eprintln!("xtask: ci passed in {:.0} s", start.elapsed().as_secs_f64());
     Ok(())
 }

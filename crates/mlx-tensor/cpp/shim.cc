@@ -2,6 +2,7 @@
 // function converts arguments, calls MLX, and wraps the result.
 #include "mlx-tensor/cpp/shim.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -347,6 +348,12 @@ size_t set_cache_limit(size_t limit) { return mx::set_cache_limit(limit); }
 size_t set_memory_limit(size_t limit) { return mx::set_memory_limit(limit); }
 void clear_cache() { mx::clear_cache(); }
 rust::String mlx_version() { return rust::String(mx::version()); }
+
+void exit_now(int32_t code) {
+  mx::synchronize();
+  std::fflush(nullptr);
+  std::_Exit(code);
+}
 
 #ifdef MTP_OPENBLAS
 extern "C" char* openblas_get_config(void);

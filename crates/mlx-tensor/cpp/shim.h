@@ -157,5 +157,6 @@ size_t set_memory_limit(size_t limit);
 void clear_cache();
 rust::String mlx_version();
 rust::String blas_info();
+[[noreturn]] void exit_now(int32_t code);
 
 }  // namespace mtp_mlx

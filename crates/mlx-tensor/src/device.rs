@@ -118,6 +118,19 @@ pub fn mlx_version() -> String {
     sys::mlx_version()
 }
 
+/// Ends the process now with `code`, after the default stream's work is done
+/// and C stdio is flushed, without running static destructors.
+///
+/// OpenBLAS 0.3.21's pthread build (the one mlx-tensor links on Debian) can
+/// hang in its exit-time thread shutdown after MLX's worker thread used it;
+/// binaries call this as their last step instead of returning from `main`.
+/// Flush Rust's own buffered writers (stdout locks, files) before calling it.
+pub fn exit_now(code: i32) -> ! {
+    sys::exit_now(code);
+    // `std::_Exit` does not return; cxx cannot declare `-> !` across the bridge.
+    std::process::abort()
+}
+
 /// Which BLAS serves MLX's f32 matmul on the CPU (OpenBLAS when linked).
 pub fn blas_info() -> String {
     sys::blas_info()

@@ -163,5 +163,6 @@ pub(crate) mod sys {
         fn clear_cache();
         fn mlx_version() -> String;
         fn blas_info() -> String;
+        fn exit_now(code: i32);
     }
 }

@@ -45,6 +45,15 @@ impl std::fmt::Display for Usage {
 impl std::error::Error for Usage {}
 
 fn main() -> ExitCode {
+    let code = run_cli();
+    // Rust's stdout is line-buffered behind a lock: flush it, then leave
+    // without static destructors (OpenBLAS's can hang; see `exit_now`).
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    mlx_tensor::exit_now(i32::from(code))
+}
+
+fn run_cli() -> u8 {
     let cli = Cli::parse();
     init_tracing(cli.verbose);
     let result = match cli.command {
@@ -54,13 +63,13 @@ fn main() -> ExitCode {
         Command::Chat(a) => chat::run(a, cli.verbose),
     };
     match result {
-        Ok(code) => ExitCode::from(code),
+        Ok(code) => code,
         Err(e) => {
             #[allow(clippy::print_stderr)]
             {
                 eprintln!("error: {e:#}");
             }
-            ExitCode::from(exit_code(&e))
+            exit_code(&e)
         }
     }
 }
