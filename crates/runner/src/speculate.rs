@@ -67,10 +67,8 @@ impl<'m> Session<'m> {
             let hidden = self.model.forward(&cur, &mut self.caches)?;
             let logits = self.model.unembed(&hidden)?;
             let y = sample_next(&logits, opts, history, &keys.next_key()?)?;
-            let mut state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
-            state.push(y.clone());
-            state.push(hidden.clone());
-            mlx_tensor::eval(&state)?;
+            // The step's one sync: the sample's graph holds the forward, and so
+            // every cache write and the hidden reported below.
             let next: u32 = y.item()?;
             draft.committed(&[current], &cur, &hidden, pos)?;
             self.committed.push(current);
@@ -96,10 +94,8 @@ impl<'m> Session<'m> {
         let target = Distribution::from_logits(&logits, opts, history, &chain)?;
         let acceptance =
             accept_chain(&target, &proposal.dist, &proposal.tokens, &keys.next_key()?)?;
-        let mut state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
-        state.push(acceptance.packed().clone());
-        state.push(hidden.clone());
-        mlx_tensor::eval(&state)?;
+        // The round's one sync: the acceptance's graph holds the target forward
+        // (every cache write, the hiddens reported below) and the draft chain.
         let mut emitted = acceptance.read_emitted()?;
         let accepted = emitted.len() - 1;
         // Keep `current` and the accepted drafts before any end-of-sequence token.
