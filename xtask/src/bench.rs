@@ -101,27 +101,10 @@ fn decode(args: &[String]) -> Result<()> {
     let args = with_default_model(args);
     let ours = capture_example("runner", "decode-bench", &args)?;
     print!("{ours}");
-    let theirs = match crate::python::mlx_lm_interpreter() {
-        Some(py) => {
-            let script = cmd::root().join("crates/runner/examples/mlx_lm_decode.py");
-            let mut c = std::process::Command::new(py);
-            c.current_dir(cmd::root()).arg(script).args(&args);
-            // A fair race: mlx-lm's libmlx gets the same OpenBLAS our binary links.
-            if let Some(blas) = crate::setup::openblas_path() {
-                c.env("LD_PRELOAD", blas);
-            }
-            let out = cmd::output("mlx-lm decode", &mut c)?;
-            print!("{out}");
-            Some(out)
-        }
-        None => {
-            eprintln!(
-                "xtask: bench decode: mlx-lm not found (set MTP_PYTHON to a python with `mlx-lm[cpu]`, \
-                 or run `cargo xtask setup --python`); printing our figures only"
-            );
-            None
-        }
-    };
+    let theirs = run_mlx_lm("crates/runner/examples/mlx_lm_decode.py", &args)?;
+    if let Some(t) = &theirs {
+        print!("{t}");
+    }
     let ours_tps = median_field(&ours, "decode_tps");
     let theirs_tps = theirs
         .as_deref()
@@ -141,8 +124,63 @@ fn decode(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Ours (runner example `spec-bench`: plain, MTP per depth, draft model,
+/// n-gram), then mlx-lm's draft-model speculative decoding on the same target,
+/// draft and prompt (`mlx_lm_spec.py`), then one summary line per depth with
+/// the draft-model ratio ours/theirs.
 fn spec(args: &[String]) -> Result<()> {
-    release_example("runner", "spec-bench", &with_default_model(args))
+    let args = with_default_model(args);
+    let ours = capture_example("runner", "spec-bench", &args)?;
+    print!("{ours}");
+    let Some(theirs) = run_mlx_lm("crates/runner/examples/mlx_lm_spec.py", &args)? else {
+        return Ok(());
+    };
+    print!("{theirs}");
+    let rows = |text: &str| -> Vec<serde_json::Value> {
+        text.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    let (ours, theirs) = (rows(&ours), rows(&theirs));
+    for t in theirs.iter().filter(|t| t["method"] == "draft-model") {
+        let o = ours
+            .iter()
+            .find(|o| o["method"] == "draft-model" && o["depth"] == t["depth"]);
+        let (Some(a), Some(b)) = (
+            o.and_then(|o| o["tokens_per_s"].as_f64()),
+            t["tokens_per_s"].as_f64(),
+        ) else {
+            continue;
+        };
+        let line = serde_json::json!({
+            "bench": "spec", "summary": true, "method": "draft-model", "depth": t["depth"],
+            "ours_tokens_per_s": a, "mlx_lm_tokens_per_s": b,
+            "ratio_ours_over_mlx_lm": if b > 0.0 { Some(a / b) } else { None },
+        });
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// Runs an mlx-lm script with `args` under the same OpenBLAS as our binaries;
+/// `None` (with a note) when no Python with mlx-lm is found.
+fn run_mlx_lm(script: &str, args: &[String]) -> Result<Option<String>> {
+    let Some(py) = crate::python::mlx_lm_interpreter() else {
+        eprintln!(
+            "xtask: bench: mlx-lm not found (set MTP_PYTHON to a python with `mlx-lm[cpu]`, \
+             or run `cargo xtask setup --python`); printing our figures only"
+        );
+        return Ok(None);
+    };
+    let mut c = std::process::Command::new(py);
+    c.current_dir(cmd::root())
+        .arg(cmd::root().join(script))
+        .args(args);
+    // A fair race: mlx-lm's libmlx gets the same OpenBLAS our binary links.
+    if let Some(blas) = crate::setup::openblas_path() {
+        c.env("LD_PRELOAD", blas);
+    }
+    Ok(Some(cmd::output("mlx-lm", &mut c)?))
 }
 
 /// A release build of an example, its stdout captured.
