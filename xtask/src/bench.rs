@@ -27,7 +27,7 @@ const SUITES: &[Suite] = &[
     },
     Suite {
         name: "spec",
-        about: "plain vs speculative decoding (MTP per depth, draft model, n-gram) on models/tiny-mtp (runner example `spec-bench`)",
+        about: "plain vs speculative decoding (MTP per depth, draft model, n-gram; q8/q4 rows) on models/tiny-mtp, and mlx-lm draft-model speculation in the same run",
         run: spec,
     },
 ];
@@ -129,9 +129,13 @@ fn decode(args: &[String]) -> Result<()> {
 /// draft and prompt (`mlx_lm_spec.py`), then one summary line per depth with
 /// the draft-model ratio ours/theirs.
 fn spec(args: &[String]) -> Result<()> {
+    let user_model = args.iter().any(|a| a == "--model");
     let args = with_default_model(args);
     let ours = capture_example("runner", "spec-bench", &args)?;
     print!("{ours}");
+    if !user_model {
+        quantized_rows(&args)?;
+    }
     let Some(theirs) = run_mlx_lm("crates/runner/examples/mlx_lm_spec.py", &args)? else {
         return Ok(());
     };
@@ -226,4 +230,60 @@ mod tests {
         assert_eq!(median_field(lines, "decode_tps"), Some(2.0));
         assert_eq!(median_field("nothing", "decode_tps"), None);
     }
+}
+
+/// Plain vs MTP rows for the bundled model quantized to 8 and 4 bits (group
+/// 64), written once under `target/bench/` by `mtp-runner quantize`; each line
+/// gains `"model"` and `"bits"`.
+fn quantized_rows(args: &[String]) -> Result<()> {
+    for bits in [8, 4] {
+        let dir = cmd::root().join(format!("target/bench/tiny-mtp-q{bits}"));
+        if !dir.join("config.json").is_file() {
+            let _ = std::fs::remove_dir_all(&dir);
+            cmd::run(
+                &format!("quantize q{bits}"),
+                cmd::cargo()
+                    .args([
+                        "run",
+                        "--quiet",
+                        "--release",
+                        "-p",
+                        "runner-cli",
+                        "--",
+                        "quantize",
+                    ])
+                    .arg("--model")
+                    .arg(cmd::root().join(BUNDLED))
+                    .arg("--out")
+                    .arg(&dir)
+                    .args(["--bits", &bits.to_string(), "--group-size", "64"]),
+            )?;
+        }
+        let mut q_args: Vec<String> = Vec::new();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                // The model, methods and depths are this row set's own.
+                "--model" | "--methods" | "--depths" => {
+                    it.next();
+                }
+                _ => q_args.push(a.clone()),
+            }
+        }
+        q_args.extend(["--model".to_owned(), dir.display().to_string()]);
+        q_args.extend(["--methods".to_owned(), "off,mtp".to_owned()]);
+        q_args.extend(["--depths".to_owned(), "auto,3".to_owned()]);
+        let out = capture_example("runner", "spec-bench", &q_args)?;
+        for line in out.lines() {
+            match serde_json::from_str::<serde_json::Value>(line) {
+                Ok(serde_json::Value::Object(mut m)) => {
+                    m.insert("model".into(), format!("tiny-mtp-q{bits}").into());
+                    m.insert("bits".into(), bits.into());
+                    println!("{}", serde_json::Value::Object(m));
+                }
+                _ => println!("{line}"),
+            }
+        }
+    }
+    Ok(())
 }
