@@ -220,18 +220,6 @@ fn median_field(lines: &str, field: &str) -> Option<f64> {
     Some(v[v.len() / 2])
 }
 
-#[cfg(test)]
-mod tests {
-    use super::median_field;
-
-    #[test]
-    fn median_of_json_lines_skips_other_lines() {
-        let lines = "noise\n{\"decode_tps\": 3.0}\n{\"decode_tps\": 1.0}\n{\"x\": 9}\n{\"decode_tps\": 2.0}\n";
-        assert_eq!(median_field(lines, "decode_tps"), Some(2.0));
-        assert_eq!(median_field("nothing", "decode_tps"), None);
-    }
-}
-
 /// Plain vs MTP rows for the bundled model quantized to 8 and 4 bits (group
 /// 64), written once under `target/bench/` by `mtp-runner quantize`; each line
 /// gains `"model"` and `"bits"`.
@@ -286,4 +274,16 @@ fn quantized_rows(args: &[String]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median_field;
+
+    #[test]
+    fn median_of_json_lines_skips_other_lines() {
+        let lines = "noise\n{\"decode_tps\": 3.0}\n{\"decode_tps\": 1.0}\n{\"x\": 9}\n{\"decode_tps\": 2.0}\n";
+        assert_eq!(median_field(lines, "decode_tps"), Some(2.0));
+        assert_eq!(median_field("nothing", "decode_tps"), None);
+    }
 }
