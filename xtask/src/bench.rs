@@ -58,22 +58,28 @@ fn list() {
     }
 }
 
-/// A release build of an example, run with `args` passed through.
+/// `cargo run --release` of an example with `args` passed through.
+fn example_command(package: &str, example: &str, args: &[String]) -> std::process::Command {
+    let mut c = cmd::cargo();
+    c.args([
+        "run",
+        "--quiet",
+        "--release",
+        "-p",
+        package,
+        "--example",
+        example,
+        "--",
+    ])
+    .args(args);
+    c
+}
+
+/// A release build of an example, its output streamed.
 fn release_example(package: &str, example: &str, args: &[String]) -> Result<()> {
     cmd::run(
         &format!("bench {example}"),
-        cmd::cargo()
-            .args([
-                "run",
-                "--quiet",
-                "--release",
-                "-p",
-                package,
-                "--example",
-                example,
-                "--",
-            ])
-            .args(args),
+        &mut example_command(package, example, args),
     )
 }
 
@@ -191,18 +197,7 @@ fn run_mlx_lm(script: &str, args: &[String]) -> Result<Option<String>> {
 fn capture_example(package: &str, example: &str, args: &[String]) -> Result<String> {
     cmd::output(
         &format!("bench {example}"),
-        cmd::cargo()
-            .args([
-                "run",
-                "--quiet",
-                "--release",
-                "-p",
-                package,
-                "--example",
-                example,
-                "--",
-            ])
-            .args(args),
+        &mut example_command(package, example, args),
     )
 }
 
