@@ -220,12 +220,7 @@ impl Cache for KvCache {
     }
 
     fn nbytes(&self) -> usize {
-        self.state().iter().map(Array::nbytes).sum::<usize>()
-            + self
-                .schedule
-                .captured()
-                .map(Snapshot::nbytes)
-                .sum::<usize>()
+        self.schedule.bytes_with(&self.state())
     }
 
     fn max_size(&self) -> Option<usize> {

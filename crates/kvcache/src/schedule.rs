@@ -1,5 +1,6 @@
 //! Scheduled snapshot offsets, shared by every cache kind.
 
+use mlx_tensor::Array;
 use smallvec::SmallVec;
 
 use crate::Snapshot;
@@ -84,6 +85,13 @@ impl Schedule {
     }
 
     /// The captures not yet taken.
+    /// Bytes of a cache whose live state is `state` plus the snapshots this
+    /// schedule holds: what `Cache::nbytes` reports for KV and rotating caches.
+    pub(crate) fn bytes_with(&self, state: &[Array]) -> usize {
+        state.iter().map(Array::nbytes).sum::<usize>()
+            + self.captured().map(Snapshot::nbytes).sum::<usize>()
+    }
+
     pub(crate) fn captured(&self) -> impl Iterator<Item = &Snapshot> {
         self.captured.iter().map(|(_, s)| s)
     }
