@@ -443,6 +443,13 @@ impl<'m> Session<'m> {
             }
             history.commit(&[id]);
             if output.push(id)? == Flow::Done {
+                if ahead.is_some() && output.result.finish == FinishReason::Eos {
+                    // The step ahead already forwarded the end-of-sequence token:
+                    // drop it, so neither loop ever leaves an EOS in the caches.
+                    let keep = self.committed.len() - 1;
+                    restore_all(&mut self.caches, keep, &[])?;
+                    self.committed.truncate(keep);
+                }
                 break;
             }
             if !more {

@@ -115,6 +115,11 @@ fn eos_ends_generation_and_is_not_in_the_output() {
     assert_eq!(g2.token_ids, g.token_ids[..first]);
     assert_eq!(g2.stats.generated_tokens, first + 1);
     assert_eq!(s.offset(), s.committed().len());
+    // The EOS is never committed, although the pipelined loop forwarded it.
+    assert_eq!(
+        s.committed(),
+        [prompt.clone(), g2.token_ids.clone()].concat()
+    );
 }
 
 #[test]
