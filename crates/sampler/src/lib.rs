@@ -47,6 +47,7 @@ mod history;
 mod keys;
 mod options;
 mod penalty;
+pub mod stats;
 mod step;
 
 pub use accept::{Acceptance, BatchAcceptance, BatchOutcome, NO_TOKEN, accept_batch, accept_chain};
