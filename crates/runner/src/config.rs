@@ -98,6 +98,9 @@ struct RawConfig {
     mtp_norm_zero_centered: Option<bool>,
 }
 
+/// The largest size a config may give a dimension (MLX shapes are `i32`).
+const MAX_DIM: usize = i32::MAX as usize;
+
 fn default_eps() -> f32 {
     1e-6
 }
@@ -195,6 +198,10 @@ impl ModelConfig {
             if v == 0 {
                 return Err(bad(key, "must be positive".into()));
             }
+            // MLX shapes are i32: a larger size would wrap when a layer is built.
+            if v > MAX_DIM {
+                return Err(bad(key, format!("{v} exceeds the largest size {MAX_DIM}")));
+            }
         }
         let heads = raw.num_attention_heads;
         let kv = raw.num_key_value_heads.unwrap_or(heads);
@@ -218,6 +225,12 @@ impl ModelConfig {
                 ));
             }
         };
+        if head_dim.checked_mul(heads).is_none_or(|w| w > MAX_DIM) {
+            return Err(bad(
+                "head_dim",
+                format!("{head_dim} × {heads} heads exceeds the largest size {MAX_DIM}"),
+            ));
+        }
         if head_dim % 2 != 0 {
             return Err(bad("head_dim", format!("{head_dim} must be even for RoPE")));
         }
