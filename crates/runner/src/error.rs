@@ -86,6 +86,14 @@ pub enum Error {
         /// Its safetensors dtype name.
         dtype: String,
     },
+    /// A weight holds NaN or infinite values (checked once at load).
+    #[error("tensor `{name}` holds NaN or infinite values: {cause}")]
+    NonFiniteWeights {
+        /// The tensor's name.
+        name: String,
+        /// Where the values came from and the fix.
+        cause: String,
+    },
     /// tokenizer.json could not be loaded.
     #[error("{path}: cannot load tokenizer: {message}")]
     Tokenizer {

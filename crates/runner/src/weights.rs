@@ -90,6 +90,27 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     if index.is_file() {
         let idx: Index = read_json(&index)?;
         let files: BTreeSet<&String> = idx.weight_map.values().collect();
+        if files.is_empty() {
+            return Err(Error::InvalidConfig {
+                path: index,
+                key: "weight_map",
+                message: "lists no tensors; write the shard of every tensor, or delete the \
+                          index and keep one model.safetensors"
+                    .into(),
+            });
+        }
+        for f in &files {
+            if !is_plain_file_name(f) {
+                return Err(Error::InvalidConfig {
+                    path: index,
+                    key: "weight_map",
+                    message: format!(
+                        "shard `{f}` is not a file name in the model folder; shards must sit \
+                         beside the index (no `/`, `\\` or `..`)"
+                    ),
+                });
+            }
+        }
         let files: Vec<PathBuf> = files.into_iter().map(|f| dir.join(f)).collect();
         for f in &files {
             if !f.is_file() {
@@ -121,6 +142,61 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         });
     }
     Ok(found)
+}
+
+/// Fails on the first float tensor of `converted` that holds a NaN or an
+/// infinity, naming it and saying whether the file or the conversion to
+/// `dtype` (an f32 value beyond f16's range, say) put it there.
+///
+/// Checked once at load rather than per generated token: a damaged weight
+/// would otherwise surface as NaN logits that sampling silently turns into
+/// arbitrary tokens. One reduction per tensor, one host sync per file.
+fn check_finite(sources: &[(String, Array)], converted: &[Array], dtype: Dtype) -> Result<()> {
+    // `x * 0` is 0 for every finite x and NaN for NaN and ±inf, so the sum is
+    // finite exactly when every element is.
+    let probe = |a: &Array| -> Result<Array> {
+        let axes: Vec<i32> = (0..a.ndim() as i32).collect();
+        let zero = Array::scalar(0.0, a.dtype())?;
+        Ok(a.multiply(&zero)?.sum(&axes, false)?.as_type(Dtype::Float32)?)
+    };
+    let floats: Vec<usize> = (0..converted.len())
+        .filter(|&i| converted[i].dtype().is_float())
+        .collect();
+    if floats.is_empty() {
+        return Ok(());
+    }
+    let probes = floats
+        .iter()
+        .map(|&i| probe(&converted[i]))
+        .collect::<Result<Vec<_>>>()?;
+    let sums: Vec<f32> = mlx_tensor::ops::stack(&probes, 0)?.to_vec()?;
+    let Some(bad) = sums.iter().position(|s| !s.is_finite()) else {
+        return Ok(());
+    };
+    let (name, source) = &sources[floats[bad]];
+    let in_file = source.dtype() == dtype || !probe(source)?.item::<f32>()?.is_finite();
+    Err(Error::NonFiniteWeights {
+        name: name.clone(),
+        cause: if in_file {
+            "the file stores them: the checkpoint is damaged; download or convert it again".into()
+        } else {
+            format!(
+                "converting from {} to {} overflowed; load with a wider dtype (--dtype f32)",
+                source.dtype().safetensors_name(),
+                dtype.safetensors_name()
+            )
+        },
+    })
+}
+
+/// True for a name that stays inside its folder when joined to it: an index
+/// from the outside world must not make the loader read other files.
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\\', '\0'])
+        && !Path::new(name).is_absolute()
 }
 
 /// The tensors of a checkpoint, converted to the compute dtype, taken by name.
@@ -174,16 +250,19 @@ impl Weights {
             }
             let file = mlx_tensor::io::load_safetensors(path)?;
             let mut converted = Vec::with_capacity(file.tensors.len());
+            let mut sources = Vec::with_capacity(file.tensors.len());
             for (name, a) in file.tensors {
-                let a = if a.dtype() == dtype || !a.dtype().is_float() {
-                    a
+                let c = if a.dtype() == dtype || !a.dtype().is_float() {
+                    a.clone()
                 } else {
                     a.as_type(dtype)?
                 };
-                converted.push(a.clone());
-                w.tensors.insert(name, a);
+                converted.push(c.clone());
+                sources.push((name.clone(), a));
+                w.tensors.insert(name, c);
             }
             mlx_tensor::eval(&converted)?;
+            check_finite(&sources, &converted, dtype)?;
             progress(i + 1, files.len());
         }
         w.check_packed(&packed)?;
