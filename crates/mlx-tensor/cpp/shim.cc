@@ -7,6 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace mtp_mlx {
 
@@ -86,6 +87,25 @@ rust::Vec<int32_t> shape_of(const Arr& a) {
 }
 size_t nbytes_of(const Arr& a) { return a.a.nbytes(); }
 size_t size_of(const Arr& a) { return a.a.size(); }
+// Unevaluated nodes reachable from `a` (each counted once): what one eval of
+// `a` would dispatch. Evaluated arrays are detached, so the walk stops there.
+size_t pending_nodes(const Arr& a) {
+  std::vector<mx::array> stack{a.a};
+  std::unordered_set<std::uintptr_t> seen;
+  size_t n = 0;
+  while (!stack.empty()) {
+    mx::array x = std::move(stack.back());
+    stack.pop_back();
+    if (!x.has_primitive() || !seen.insert(x.id()).second) {
+      continue;
+    }
+    n++;
+    for (const auto& in : x.inputs()) {
+      stack.push_back(in);
+    }
+  }
+  return n;
+}
 
 void read_into(const Arr& a, rust::Slice<uint8_t> out) {
   // Views (slices, transposes, broadcasts) are strided: copy to a row-major

@@ -121,6 +121,13 @@ impl Array {
         sys::nbytes_of(self.raw())
     }
 
+    /// Graph nodes that evaluating this array would still run, each counted
+    /// once (0 for an evaluated array or one made from host data): the op
+    /// count of a lazily built step, for launch-overhead estimates.
+    pub fn pending_nodes(&self) -> usize {
+        sys::pending_nodes(self.raw())
+    }
+
     /// Evaluates the graph that produces this array and waits for it.
     #[track_caller]
     pub fn eval(&self) -> Result<()> {

@@ -105,3 +105,19 @@ fn stream_choice() {
         );
     }
 }
+
+#[test]
+fn pending_nodes_counts_each_unevaluated_node_once() {
+    let x = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+    // Host data has no producer: nothing to run.
+    assert_eq!(x.pending_nodes(), 0);
+    let e = x.exp().unwrap();
+    // e is used twice below but is one node: add(e, e), then multiply by e.
+    let y = e.add(&e).unwrap().multiply(&e).unwrap();
+    assert_eq!(y.pending_nodes(), 3);
+    e.eval().unwrap();
+    // Evaluating e detaches it: only add and multiply remain.
+    assert_eq!(y.pending_nodes(), 2);
+    y.eval().unwrap();
+    assert_eq!(y.pending_nodes(), 0);
+}
