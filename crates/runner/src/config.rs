@@ -6,6 +6,10 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result, read_json};
 
+mod hybrid;
+
+pub use hybrid::{HybridConfig, LayerKind};
+
 /// A token id or a list of them (`eos_token_id` is either in the wild).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(untagged)]
@@ -96,6 +100,16 @@ struct RawConfig {
     mtp_num_hidden_layers: Option<usize>,
     num_nextn_predict_layers: Option<usize>,
     mtp_norm_zero_centered: Option<bool>,
+    #[serde(default)]
+    layer_types: Vec<String>,
+    full_attention_interval: Option<usize>,
+    linear_num_key_heads: Option<usize>,
+    linear_num_value_heads: Option<usize>,
+    linear_key_head_dim: Option<usize>,
+    linear_value_head_dim: Option<usize>,
+    linear_conv_kernel_dim: Option<usize>,
+    partial_rotary_factor: Option<f32>,
+    attn_output_gate: Option<bool>,
 }
 
 /// The largest size a config may give a dimension (MLX shapes are `i32`).
@@ -156,6 +170,11 @@ pub struct ModelConfig {
     /// stored zero-centred (see [`crate::mtp::zero_centred_norms`] for the rule
     /// when it is absent).
     pub mtp_norm_zero_centered: Option<bool>,
+    /// Fraction of each attention head that RoPE rotates (`partial_rotary_factor`, 1 when absent).
+    pub partial_rotary_factor: f32,
+    /// Layer plan and Gated DeltaNet shapes of a hybrid model (Qwen3.5 /
+    /// Qwen3-Next); `None` when the config declares no linear-attention layers.
+    pub hybrid: Option<HybridConfig>,
 }
 
 impl ModelConfig {
@@ -168,20 +187,32 @@ impl ModelConfig {
                 hint: "a model folder needs the Hugging Face config.json next to its safetensors",
             });
         }
-        let raw: RawConfig = read_json(&path)?;
-        Self::from_raw(raw, &path)
+        let value: serde_json::Value = read_json(&path)?;
+        Self::from_value(value, &path)
     }
 
     /// Parses config JSON text; `path` names it in errors.
     pub fn from_json(text: &str, path: &Path) -> Result<ModelConfig> {
-        let raw: RawConfig = serde_json::from_str(text).map_err(|e| Error::Json {
+        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| Error::Json {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
+        Self::from_value(value, path)
+    }
+
+    /// A nested `text_config` and transformers 5 `rope_parameters` are
+    /// flattened first (see [`hybrid`]).
+    fn from_value(value: serde_json::Value, path: &Path) -> Result<ModelConfig> {
+        let raw: RawConfig =
+            serde_json::from_value(hybrid::normalise(value)).map_err(|e| Error::Json {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?;
         Self::from_raw(raw, path)
     }
 
     fn from_raw(raw: RawConfig, path: &Path) -> Result<ModelConfig> {
+        let hybrid = hybrid::parse(&raw, path)?;
         let bad = |key: &'static str, message: String| Error::InvalidConfig {
             path: path.to_owned(),
             key,
@@ -268,6 +299,8 @@ impl ModelConfig {
                 .or(raw.num_nextn_predict_layers)
                 .unwrap_or(0),
             mtp_norm_zero_centered: raw.mtp_norm_zero_centered,
+            partial_rotary_factor: hybrid::rotary_factor(raw.partial_rotary_factor, head_dim, path)?,
+            hybrid,
         })
     }
 }
