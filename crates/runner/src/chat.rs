@@ -1,8 +1,12 @@
 //! Chat prompts: the model's Jinja chat template rendered with minijinja.
 //!
-//! The environment has no loader (templates cannot include files) and runs on
-//! a fuel budget, so a hostile or broken template ends in an error, not a hang
-//! or an unbounded string.
+//! The environment has no loader (templates cannot include, import or extend
+//! files; there is no network), runs on a fuel budget and writes into a
+//! buffer that refuses output past [`MAX_OUTPUT`] bytes, so a hostile or
+//! broken template ends in an error, not a hang or an unbounded string.
+//! minijinja caps `range` (100,000 items) and string repetition (100 MB); it
+//! has no hook to bound a string built by repeated concatenation inside the
+//! template, which fuel bounds only in the number of steps.
 
 use minijinja::{Environment, Error as JinjaError, ErrorKind, context};
 use serde::Serialize;
@@ -10,10 +14,12 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
 
-/// Instructions a template may execute before it is stopped.
-const FUEL: u64 = 5_000_000;
-/// Longest rendered prompt accepted, in bytes.
-const MAX_OUTPUT: usize = 16 << 20;
+/// Instructions a template may execute before it is stopped (real chat
+/// templates over long conversations use a few thousand per message).
+pub const FUEL: u64 = 5_000_000;
+/// Longest rendered prompt accepted, in bytes (far beyond any context: a
+/// token is a few bytes).
+pub const MAX_OUTPUT: usize = 16 << 20;
 
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -56,21 +62,67 @@ pub fn render_template(
     let t = env
         .get_template("chat")
         .map_err(|e| Error::ChatTemplate(e.to_string()))?;
-    let out = t
-        .render(context! {
+    let mut out = Bounded {
+        bytes: Vec::new(),
+        limit: MAX_OUTPUT,
+        overflowed: false,
+    };
+    let rendered = t.render_captured_to(
+        context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => bos_token,
             eos_token => eos_token,
-        })
-        .map_err(|e| Error::ChatTemplate(format!("render failed: {e}")))?;
-    if out.len() > MAX_OUTPUT {
+        },
+        &mut out,
+    );
+    if out.overflowed {
         return Err(Error::ChatTemplate(format!(
-            "rendered prompt is {} bytes, more than the {MAX_OUTPUT}-byte limit",
-            out.len()
+            "rendered prompt exceeds the {MAX_OUTPUT}-byte limit; the template in \
+             tokenizer_config.json is broken or hostile (replace it with the model's original)"
         )));
     }
-    Ok(out)
+    if let Err(e) = rendered {
+        let hint = match e.kind() {
+            ErrorKind::OutOfFuel => {
+                "; the template runs too long (an endless or huge loop): replace it with the \
+                 model's original"
+            }
+            ErrorKind::TemplateNotFound => {
+                "; chat templates are rendered without file access, so `include`, `import` \
+                 and `extends` cannot be used"
+            }
+            _ => "",
+        };
+        return Err(Error::ChatTemplate(format!("render failed: {e}{hint}")));
+    }
+    // Every piece minijinja writes is a whole `str`, so the bytes are UTF-8.
+    String::from_utf8(out.bytes)
+        .map_err(|e| Error::ChatTemplate(format!("rendered prompt is not UTF-8: {e}")))
+}
+
+/// The render target: output beyond `limit` bytes is refused while it is
+/// written, so a template that emits without end stops at the limit instead
+/// of growing a string first and checking after.
+struct Bounded {
+    bytes: Vec<u8>,
+    limit: usize,
+    overflowed: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.limit {
+            self.overflowed = true;
+            return Err(std::io::Error::other("chat template output limit"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Renders the tokenizer's chat template for `messages`, ready for generation.
