@@ -157,7 +157,9 @@ fn check_finite(sources: &[(String, Array)], converted: &[Array], dtype: Dtype) 
     let probe = |a: &Array| -> Result<Array> {
         let axes: Vec<i32> = (0..a.ndim() as i32).collect();
         let zero = Array::scalar(0.0, a.dtype())?;
-        Ok(a.multiply(&zero)?.sum(&axes, false)?.as_type(Dtype::Float32)?)
+        Ok(a.multiply(&zero)?
+            .sum(&axes, false)?
+            .as_type(Dtype::Float32)?)
     };
     let floats: Vec<usize> = (0..converted.len())
         .filter(|&i| converted[i].dtype().is_float())
