@@ -91,6 +91,12 @@ pub const FAMILIES: &[Family] = &[
         model_types: &["qwen3"],
         build: crate::models::llama::build_qwen3,
     },
+    Family {
+        name: "qwen3_5",
+        architectures: &["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"],
+        model_types: &["qwen3_5", "qwen3_5_text"],
+        build: crate::models::qwen3_5::build_qwen3_5,
+    },
 ];
 
 /// The family for `config`: by `architectures[0]`, else by `model_type`.

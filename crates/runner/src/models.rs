@@ -1,5 +1,8 @@
 //! Model families and their shared layers.
 
+pub(crate) mod gated_attention;
+pub(crate) mod gated_delta;
 pub mod layers;
 pub mod llama;
+pub mod qwen3_5;
 pub mod rope;

@@ -7,6 +7,7 @@ use mtp_draft::{DraftHead, HeadOutput};
 use super::layout::{MtpLayout, zero_centred_norms};
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::models::gated_attention::GatedLayer;
 use crate::models::layers::{Embedding, Linear, LinearLayout, RmsNorm};
 use crate::models::llama::{Layer, Variant};
 use crate::models::rope::Rope;
@@ -25,7 +26,7 @@ pub struct MtpHead {
     embed_norm: RmsNorm,
     hidden_norm: RmsNorm,
     proj: Linear,
-    block: Layer,
+    block: Block,
     final_norm: RmsNorm,
     lm_head: Linear,
     rope: Rope,
@@ -48,6 +49,44 @@ impl MtpHead {
         lm_head: &Linear,
         rope: &Rope,
     ) -> Result<MtpHead> {
+        let block = |w: &mut Weights, prefix: &str, shift: bool| -> Result<Block> {
+            let b = Layer::load(c, w, prefix, variant, linear)?;
+            Ok(Block::Dense(if shift {
+                b.with_shifted_norms()?
+            } else {
+                b
+            }))
+        };
+        Self::load_with(layout, c, w, linear, embed, lm_head, rope, block)
+    }
+
+    /// Loads a Qwen3.5 `mtp.*` head whose block is a gated full-attention
+    /// layer (see [`crate::models::gated_attention`]).
+    pub fn load_gated(
+        c: &ModelConfig,
+        w: &mut Weights,
+        linear: LinearLayout,
+        embed: &Embedding,
+        lm_head: &Linear,
+        rope: &Rope,
+    ) -> Result<MtpHead> {
+        let block = |w: &mut Weights, prefix: &str, shift: bool| -> Result<Block> {
+            Ok(Block::Gated(GatedLayer::load(c, w, prefix, shift, linear)?))
+        };
+        Self::load_with(MtpLayout::Qwen, c, w, linear, embed, lm_head, rope, block)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn load_with(
+        layout: MtpLayout,
+        c: &ModelConfig,
+        w: &mut Weights,
+        linear: LinearLayout,
+        embed: &Embedding,
+        lm_head: &Linear,
+        rope: &Rope,
+        load_block: impl FnOnce(&mut Weights, &str, bool) -> Result<Block>,
+    ) -> Result<MtpHead> {
         let names = layout.names(c);
         let h = c.hidden_size;
         let shift = zero_centred_norms(c);
@@ -58,12 +97,7 @@ impl MtpHead {
         let embed_norm = norm(w, &names.embed_norm)?;
         let hidden_norm = norm(w, &names.hidden_norm)?;
         let proj = Linear::load(w, &names.proj, 2 * h, h, false, linear)?;
-        let block = Layer::load(c, w, &names.block, variant, linear)?;
-        let block = if shift {
-            block.with_shifted_norms()?
-        } else {
-            block
-        };
+        let block = load_block(w, &names.block, shift)?;
         let final_norm = norm(w, &names.final_norm)?;
         if let Some(dup) = &names.duplicate_embed {
             let _ = w.take_optional(dup, &[c.vocab_size as i32, h as i32])?;
@@ -198,5 +232,29 @@ impl DraftHead for MtpHead {
 
     fn caches_mut(&mut self) -> &mut [Box<dyn Cache>] {
         &mut self.caches
+    }
+}
+
+/// The head's decoder block: the trunk family's dense layer, or Qwen3.5's
+/// gated full-attention layer.
+#[derive(Debug, Clone)]
+enum Block {
+    Dense(Layer),
+    Gated(GatedLayer),
+}
+
+impl Block {
+    fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
+        match self {
+            Block::Dense(b) => b.forward(x, cache, rope),
+            Block::Gated(b) => b.forward(x, cache, rope),
+        }
+    }
+
+    fn arrays(&self) -> Vec<Array> {
+        match self {
+            Block::Dense(b) => b.arrays(),
+            Block::Gated(b) => b.arrays(),
+        }
     }
 }

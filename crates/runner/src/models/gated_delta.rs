@@ -1,0 +1,235 @@
+//! Gated DeltaNet, the linear-attention layer of Qwen3.5: projections, the
+//! causal depthwise convolution, the gated delta rule and the gated RMSNorm,
+//! over a [`kvcache::RecurrentCache`].
+//!
+//! The recurrence runs position by position (mlx-lm's `gated_delta_ops`), so
+//! the state after every position of a forward is a node of the same graph:
+//! the offsets the cache has scheduled (a speculative verify schedules one
+//! per draft) are captured from it without a second pass.
+
+use kvcache::Cache;
+use mlx_tensor::{Array, Dtype, fast, ops};
+
+use crate::config::{HybridConfig, ModelConfig};
+use crate::error::Result;
+use crate::models::layers::{Linear, LinearLayout};
+use crate::weights::Weights;
+
+/// One Gated DeltaNet mixer (the `linear_attn` module of a decoder layer).
+#[derive(Debug, Clone)]
+pub(crate) struct GatedDeltaNet {
+    in_qkv: Linear,
+    in_z: Linear,
+    in_b: Linear,
+    in_a: Linear,
+    /// `[K, C]`: tap `j` of every channel's causal filter.
+    conv: Array,
+    /// `-exp(A_log)`, float32 `[Hv]`.
+    neg_a: Array,
+    /// `[Hv]`.
+    dt_bias: Array,
+    /// Gated RMSNorm weight `[Dv]` (stored plain, not zero-centred).
+    norm: Array,
+    out: Linear,
+    eps: f32,
+    key_heads: i32,
+    value_heads: i32,
+    key_dim: i32,
+    value_dim: i32,
+    kernel: i32,
+}
+
+impl GatedDeltaNet {
+    /// Takes `{prefix}.in_proj_{qkv,z,b,a}`, `conv1d.weight` (HF layout
+    /// `[C, 1, K]`), `A_log`, `dt_bias`, `norm.weight` and `out_proj`.
+    pub(crate) fn load(
+        c: &ModelConfig,
+        h: &HybridConfig,
+        w: &mut Weights,
+        prefix: &str,
+        layout: LinearLayout,
+    ) -> Result<GatedDeltaNet> {
+        let hidden = c.hidden_size;
+        let key_total = h.key_heads * h.key_head_dim;
+        let value_total = h.value_heads * h.value_head_dim;
+        let conv_dim = h.conv_dim();
+        let k = h.conv_kernel;
+        let lin = |w: &mut Weights, name: &str, i: usize, o: usize| {
+            Linear::load(w, &format!("{prefix}.{name}"), i, o, false, layout)
+        };
+        let in_qkv = lin(w, "in_proj_qkv", hidden, conv_dim)?;
+        let in_z = lin(w, "in_proj_z", hidden, value_total)?;
+        let in_b = lin(w, "in_proj_b", hidden, h.value_heads)?;
+        let in_a = lin(w, "in_proj_a", hidden, h.value_heads)?;
+        let out = lin(w, "out_proj", value_total, hidden)?;
+        let conv = w.take(
+            &format!("{prefix}.conv1d.weight"),
+            &[conv_dim as i32, 1, k as i32],
+        )?;
+        let conv = conv
+            .reshape(&[conv_dim as i32, k as i32])?
+            .t()?
+            .contiguous()?;
+        let vh = [h.value_heads as i32];
+        let a_log = w.take(&format!("{prefix}.A_log"), &vh)?;
+        let neg_a = a_log.as_type(Dtype::Float32)?.exp()?.negative()?;
+        let dt_bias = w.take(&format!("{prefix}.dt_bias"), &vh)?;
+        let norm = w.take(&format!("{prefix}.norm.weight"), &[h.value_head_dim as i32])?;
+        debug_assert_eq!(conv_dim, 2 * key_total + value_total);
+        Ok(GatedDeltaNet {
+            in_qkv,
+            in_z,
+            in_b,
+            in_a,
+            conv,
+            neg_a,
+            dt_bias,
+            norm,
+            out,
+            eps: c.rms_norm_eps,
+            key_heads: h.key_heads as i32,
+            value_heads: h.value_heads as i32,
+            key_dim: h.key_head_dim as i32,
+            value_dim: h.value_head_dim as i32,
+            kernel: k as i32,
+        })
+    }
+
+    fn conv_dim(&self) -> i32 {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+
+    /// The mixer over `x` `[1, L, H]`, folding the `L` positions into `cache`
+    /// and capturing the states at the offsets it has scheduled.
+    pub(crate) fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
+        let kind = cache.kind();
+        let cache = cache.as_recurrent_mut().unwrap_or_else(|| {
+            panic!("a Gated DeltaNet layer was given a {kind}, not a RecurrentCache")
+        });
+        let l = x.dim(1);
+        let (kh, vh, dk, dv) = (
+            self.key_heads,
+            self.value_heads,
+            self.key_dim,
+            self.value_dim,
+        );
+        let cd = self.conv_dim();
+        let qkv = self.in_qkv.forward(x)?;
+        let z = self.in_z.forward(x)?.reshape(&[1, l, vh, dv])?;
+        let b = self.in_b.forward(x)?;
+        let a = self.in_a.forward(x)?;
+
+        // Causal depthwise conv over [tail; qkv]; the tail after position t is
+        // rows t+1 .. t+K of that concatenation.
+        let k1 = self.kernel - 1;
+        let tail = cache.conv_or_zeros(&[1, k1, cd], x.dtype())?;
+        let conv_in = ops::concatenate(&[tail, qkv], 1)?;
+        let mut acc: Option<Array> = None;
+        for j in 0..self.kernel {
+            let tap = self.conv.slice_axis(0, j, j + 1)?;
+            let term = conv_in.slice_axis(1, j, j + l)?.multiply(&tap)?;
+            acc = Some(match acc {
+                None => term,
+                Some(s) => s.add(&term)?,
+            });
+        }
+        let conv_out = acc.expect("kernel width is at least 1").silu()?;
+        let kt = kh * dk;
+        let q = conv_out.slice_axis(2, 0, kt)?.reshape(&[1, l, kh, dk])?;
+        let k = conv_out
+            .slice_axis(2, kt, 2 * kt)?
+            .reshape(&[1, l, kh, dk])?;
+        let v = conv_out
+            .slice_axis(2, 2 * kt, cd)?
+            .reshape(&[1, l, vh, dv])?;
+
+        // L2-normalise q and k (mlx-lm's normalize_qk: through rms_norm, with
+        // the readout scale Dk^-1/2 folded into q).
+        let inv = 1.0 / (dk as f32).sqrt();
+        let rms_eps = 1e-6 * inv * inv;
+        let q = fast::rms_norm(&q, None, rms_eps)?.multiply(&scalar(inv * inv, q.dtype())?)?;
+        let k = fast::rms_norm(&k, None, rms_eps)?.multiply(&scalar(inv, k.dtype())?)?;
+        let (q, k) = (repeat_heads(&q, vh / kh)?, repeat_heads(&k, vh / kh)?);
+
+        let beta = b.sigmoid()?;
+        let g = softplus(&a.add(&self.dt_bias)?)?
+            .as_type(Dtype::Float32)?
+            .multiply(&self.neg_a)?
+            .exp()?;
+
+        let mut state = cache.recurrent_or_zeros(&[1, vh, dv, dk], Dtype::Float32)?;
+        let start = cache.offset();
+        let splits = cache.splits(l as usize);
+        let mut ys = Vec::with_capacity(l as usize);
+        for t in 0..l {
+            let at = |x: &Array| x.slice_axis(1, t, t + 1);
+            let qt = at(&q)?.reshape(&[1, vh, 1, dk])?;
+            let kt = at(&k)?.reshape(&[1, vh, 1, dk])?;
+            let vt = at(&v)?.reshape(&[1, vh, dv])?;
+            let gt = at(&g)?.reshape(&[1, vh, 1, 1])?;
+            let bt = at(&beta)?.reshape(&[1, vh, 1])?;
+            state = state.multiply(&gt)?;
+            let kv_mem = state.multiply(&kt)?.sum(&[-1], false)?;
+            let delta = vt.subtract(&kv_mem)?.multiply(&bt)?;
+            state = state.add(&kt.multiply(&delta.expand_dims(&[-1])?)?)?;
+            let y = state.multiply(&qt)?.sum(&[-1], false)?;
+            ys.push(y.as_type(x.dtype())?);
+            let done = (t + 1) as usize;
+            if splits.contains(&done) {
+                let tail = conv_in.slice_axis(1, t + 1, t + 1 + k1)?;
+                cache.capture(start + done, &tail, &state);
+            }
+        }
+        let conv_tail = conv_in.slice_axis(1, l, l + k1)?.contiguous()?;
+        cache.update(conv_tail, state, l as usize)?;
+
+        let y = ops::stack(&ys, 1)?; // [1, L, Hv, Dv]
+        let normed = fast::rms_norm(&y, Some(&self.norm), self.eps)?.as_type(Dtype::Float32)?;
+        let gated = z
+            .as_type(Dtype::Float32)?
+            .silu()?
+            .multiply(&normed)?
+            .as_type(x.dtype())?;
+        self.out.forward(&gated.reshape(&[1, l, vh * dv])?)
+    }
+
+    /// The arrays to evaluate at load.
+    pub(crate) fn arrays(&self) -> Vec<Array> {
+        let mut v: Vec<Array> = [&self.in_qkv, &self.in_z, &self.in_b, &self.in_a, &self.out]
+            .iter()
+            .flat_map(|l| l.arrays())
+            .collect();
+        v.extend([
+            self.conv.clone(),
+            self.neg_a.clone(),
+            self.dt_bias.clone(),
+            self.norm.clone(),
+        ]);
+        v
+    }
+}
+
+fn scalar(v: f32, dtype: Dtype) -> mlx_tensor::Result<Array> {
+    Array::scalar(v, dtype)
+}
+
+/// `log(1 + exp(x))`, computed as `max(x, 0) + log(1 + exp(-|x|))` so it
+/// neither overflows nor loses large inputs (mlx's `logaddexp(x, 0)`).
+fn softplus(x: &Array) -> Result<Array> {
+    let zero = scalar(0.0, x.dtype())?;
+    let one = scalar(1.0, x.dtype())?;
+    let tail = x.abs()?.negative()?.exp()?.add(&one)?.log()?;
+    Ok(x.maximum(&zero)?.add(&tail)?)
+}
+
+/// `[1, L, Hk, D]` → `[1, L, Hk·r, D]`, each head repeated `r` times in place
+/// (`mx.repeat(x, r, axis=-2)`).
+fn repeat_heads(x: &Array, r: i32) -> Result<Array> {
+    if r == 1 {
+        return Ok(x.clone());
+    }
+    let s = x.shape().to_vec();
+    Ok(x.expand_dims(&[3])?
+        .broadcast_to(&[s[0], s[1], s[2], r, s[3]])?
+        .reshape(&[s[0], s[1], s[2] * r, s[3]])?)
+}
