@@ -299,7 +299,11 @@ impl ModelConfig {
                 .or(raw.num_nextn_predict_layers)
                 .unwrap_or(0),
             mtp_norm_zero_centered: raw.mtp_norm_zero_centered,
-            partial_rotary_factor: hybrid::rotary_factor(raw.partial_rotary_factor, head_dim, path)?,
+            partial_rotary_factor: hybrid::rotary_factor(
+                raw.partial_rotary_factor,
+                head_dim,
+                path,
+            )?,
             hybrid,
         })
     }

@@ -163,7 +163,10 @@ pub(super) fn parse(raw: &RawConfig, path: &Path) -> Result<Option<HybridConfig>
         value_heads,
         key_head_dim: need("linear_key_head_dim", raw.linear_key_head_dim)?,
         value_head_dim: need("linear_value_head_dim", raw.linear_value_head_dim)?,
-        conv_kernel: need("linear_conv_kernel_dim", raw.linear_conv_kernel_dim.or(Some(4)))?,
+        conv_kernel: need(
+            "linear_conv_kernel_dim",
+            raw.linear_conv_kernel_dim.or(Some(4)),
+        )?,
         attn_output_gate: raw.attn_output_gate.unwrap_or(true),
     }))
 }
