@@ -11,6 +11,8 @@
 //! [`crate::speculate`] and [`crate::drafter`]): one host sync per round, and
 //! the same tokens as the plain loop under greedy decoding.
 
+mod points;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -25,7 +27,8 @@ use crate::spec_stats::SpecStats;
 use crate::stats::Stats;
 use crate::stop::{StopMatcher, StopStep};
 use crate::tokenizer::Tokenizer;
-use kvcache::{Cache, restore_all};
+use kvcache::Cache;
+pub(crate) use points::RestorePoints;
 use mtp_draft::Drafter;
 use sampler::{History, KeyStream, Options, sample_next};
 
@@ -108,6 +111,9 @@ pub struct Session<'m> {
     /// (whose pair needs the token after it); a draft model holds a prefix of
     /// `committed` (re-synced when a request opens).
     pub(crate) drafter: Option<SpecDrafter<'m>>,
+    /// Snapshots of the last forward for caches that cannot rewind by
+    /// offset (recurrent layers); empty for a stack of KV caches.
+    pub(crate) points: RestorePoints,
 }
 
 impl std::fmt::Debug for Session<'_> {
@@ -129,6 +135,7 @@ impl<'m> Session<'m> {
             caches: model.new_caches(),
             committed: Vec::new(),
             drafter: None,
+            points: RestorePoints::default(),
         }
     }
 
@@ -239,11 +246,15 @@ impl<'m> Session<'m> {
             }
             let pos = self.committed.len();
             let ids = Array::from_slice(part, &[part.len() as i32])?;
+            let points = RestorePoints::schedule(&mut self.caches, &[pos + part.len() - 1]);
             let hidden = self.model.forward(&ids, &mut self.caches)?;
             let mut state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
             state.push(hidden.clone());
             mlx_tensor::eval(&state)?;
             self.committed.extend_from_slice(part);
+            if points {
+                self.points.take(&mut self.caches, &self.committed);
+            }
             if let Some(d) = draft.as_deref_mut() {
                 d.committed(part, &ids, &hidden, pos)?;
             }
@@ -261,7 +272,12 @@ impl<'m> Session<'m> {
         history: &History,
         keys: &mut KeyStream,
     ) -> Result<Array> {
+        let at = self.caches.first().map_or(0, |c| c.offset());
+        let points = RestorePoints::schedule(&mut self.caches, &[at]);
         let hidden = self.model.forward(token, &mut self.caches)?;
+        if points {
+            self.points.take(&mut self.caches, &self.committed);
+        }
         let logits = self.model.unembed(&hidden)?;
         let y = sample_next(&logits, opts, history, &keys.next_key()?)?;
         y.async_eval()?;
@@ -347,7 +363,7 @@ impl<'m> Session<'m> {
                 draft_offset <= keep,
                 "draft caches at {draft_offset} past the boundary slot {keep}"
             );
-            restore_all(&mut self.caches, keep, &[])?;
+            self.points.restore(&mut self.caches, keep, &self.committed)?;
             self.committed.truncate(keep);
             body.insert(0, last);
         }
@@ -447,7 +463,7 @@ impl<'m> Session<'m> {
                     // The step ahead already forwarded the end-of-sequence token:
                     // drop it, so neither loop ever leaves an EOS in the caches.
                     let keep = self.committed.len() - 1;
-                    restore_all(&mut self.caches, keep, &[])?;
+                    self.points.restore(&mut self.caches, keep, &self.committed)?;
                     self.committed.truncate(keep);
                 }
                 break;

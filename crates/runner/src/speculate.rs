@@ -12,14 +12,13 @@
 
 use std::time::Instant;
 
-use kvcache::restore_all;
 use mlx_tensor::{Array, ops};
 use mtp_draft::DraftSampling;
 use sampler::{Distribution, History, KeyStream, Options, accept_chain, sample_next};
 
 use crate::drafter::DraftRun;
 use crate::error::Result;
-use crate::generate::Session;
+use crate::generate::{RestorePoints, Session};
 
 /// What one round did.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,7 +63,11 @@ impl<'m> Session<'m> {
             },
         )?;
         let Some(proposal) = proposal else {
+            let points = RestorePoints::schedule(&mut self.caches, &[pos]);
             let hidden = self.model.forward(&cur, &mut self.caches)?;
+            if points {
+                self.points.take(&mut self.caches, &self.committed);
+            }
             let logits = self.model.unembed(&hidden)?;
             let y = sample_next(&logits, opts, history, &keys.next_key()?)?;
             // The step's one sync: the sample's graph holds the forward, and so
@@ -82,6 +85,10 @@ impl<'m> Session<'m> {
 
         let k = proposal.len;
         let input = ops::concatenate(&[cur, proposal.tokens.clone()], 0)?;
+        // Recurrent layers capture their state after `current` and after each
+        // draft in this same forward; the rewind below restores one of them.
+        let offsets: Vec<usize> = (pos..=pos + k).collect();
+        let points = RestorePoints::schedule(&mut self.caches, &offsets);
         let hidden = self.model.forward(&input, &mut self.caches)?;
         let logits = self.model.unembed(&hidden)?;
         // Penalties see the draft chain up to each row; without penalties the
@@ -107,10 +114,17 @@ impl<'m> Session<'m> {
             None => accepted,
         };
         let keep = keep_drafts + 1;
-        restore_all(&mut self.caches, pos + keep, &[])?;
         let kept: Vec<u32> = std::iter::once(current)
             .chain(emitted[..keep_drafts].iter().copied())
             .collect();
+        let before = self.committed.len();
+        self.committed.extend_from_slice(&kept);
+        if points {
+            self.points.take(&mut self.caches, &self.committed);
+        }
+        let restored = self.points.restore(&mut self.caches, pos + keep, &self.committed);
+        self.committed.truncate(before);
+        restored?;
         draft.committed(
             &kept,
             &input.slice_axis(0, 0, keep as i32)?,
