@@ -24,7 +24,8 @@ pub const AFTER_HELP: &str = "EXAMPLES:
 
 In the interactive form type a message and press Enter; `/stats` prints the
 figures of the last turn, `/reset` starts a new conversation, `/quit` (or
-end of input) leaves. Ctrl-C stops the reply being generated.
+end of input) leaves. Ctrl-C stops the reply being generated (what it said so
+far stays in the conversation) and the chat goes on with the next message.
 
 With --script FILE every non-empty line is one user turn, and one JSON object
 per turn is printed: turn, text, token_ids, prompt_tokens, reused_tokens,
@@ -114,24 +115,25 @@ pub fn run(a: ChatArgs, verbose: bool) -> Result<u8> {
         ctrlc::set_handler(move || c.store(true, Ordering::Relaxed))
             .context("installing the Ctrl-C handler")?;
     }
+    crate::validate::decode_args(&a.decode)?;
+    let budget = crate::validate::prefix_cache_bytes(a.prefix_cache_mib)?;
     crate::set_device(a.decode.device)?;
     let script = match &a.script {
-        Some(p) => Some(
-            std::fs::read_to_string(p)
-                .with_context(|| format!("reading the script {}", p.display()))?,
-        ),
+        Some(p) => {
+            let bytes =
+                std::fs::read(p).with_context(|| format!("reading the script {}", p.display()))?;
+            Some(crate::validate::utf8(
+                bytes,
+                &format!("the script {}", p.display()),
+            )?)
+        }
         None => None,
     };
     let m = crate::load_with_progress(&a.decode)?;
     let opts = crate::generate_options(&a.decode, &m.generation_config);
     let session = crate::open_session(&a.decode, &m)?;
-    let mut chat = Conversation::new(
-        session,
-        &m.tokenizer,
-        a.system.as_deref(),
-        a.prefix_cache_mib << 20,
-    )
-    .context("starting the chat (the model needs a chat template in tokenizer_config.json)")?;
+    let mut chat = Conversation::new(session, &m.tokenizer, a.system.as_deref(), budget)
+        .context("starting the chat (the model needs a chat template in tokenizer_config.json)")?;
     match script {
         Some(text) => run_script(&mut chat, &text, &opts, &cancel, verbose),
         None => run_interactive(&mut chat, &opts, &cancel, verbose),
@@ -174,13 +176,27 @@ fn run_interactive(
     let tty = stdin.is_terminal();
     let mut stdout = std::io::stdout().lock();
     let mut last: Option<Turn> = None;
-    let mut lines = stdin.lock().lines();
+    let mut input = stdin.lock();
     loop {
         if tty {
             eprint!("> ");
         }
-        let Some(line) = lines.next() else { break };
-        let line = line.context("reading a message from stdin")?;
+        let mut bytes = Vec::new();
+        if input
+            .read_until(b'\n', &mut bytes)
+            .context("reading a message from stdin")?
+            == 0
+        {
+            break;
+        }
+        let line = match crate::validate::utf8(bytes, "the message") {
+            Ok(l) => l,
+            Err(e) => {
+                // One bad line is not the end of the conversation.
+                eprintln!("error: {e:#}; message skipped");
+                continue;
+            }
+        };
         match line.trim() {
             "" => continue,
             "/quit" | "/exit" => break,
@@ -204,21 +220,38 @@ fn run_interactive(
             }
             _ => {}
         }
+        let line = line.trim_end_matches(['\n', '\r']);
+        // A Ctrl-C at the prompt is spent; only one during this turn cancels it.
         cancel.store(false, Ordering::Relaxed);
+        tracing::info!("generating a reply");
         let mut write_err = None;
-        let t = chat.say(&line, opts, cancel, |text| {
+        let said = chat.say(line, opts, cancel, |text| {
             if write_err.is_none() {
                 write_err = stdout
                     .write_all(text.as_bytes())
                     .and_then(|_| stdout.flush())
                     .err();
             }
-        })?;
+        });
+        let t = match said {
+            Ok(t) => t,
+            // Bad input (a history past the context, say) leaves the conversation
+            // as it was: report it and read the next message.
+            Err(e) if e.is_bad_input() => {
+                eprintln!("error: {e}; `/reset` starts a new conversation");
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         if let Some(e) = write_err {
             return Err(e).context("writing to stdout");
         }
         writeln!(stdout)?;
-        if verbose {
+        stdout.flush()?;
+        if t.generation.finish == FinishReason::Cancelled {
+            // The reply so far stays in the history; the next message continues.
+            eprintln!("interrupted: {}", turn_line(&t));
+        } else if verbose {
             eprintln!("{}", turn_line(&t));
         }
         last = Some(t);

@@ -4,9 +4,12 @@
 //! that the generation loop checks every token.
 
 mod args;
+#[cfg(test)]
+mod args_props;
 mod chat;
 mod quantize;
 mod report;
+mod validate;
 
 use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
@@ -141,12 +144,12 @@ fn read_prompt(a: &GenerateArgs) -> Result<String> {
     if stdin.is_terminal() {
         return Err(Usage("no prompt: pass --prompt TEXT or pipe text on stdin".into()).into());
     }
-    let mut s = String::new();
+    let mut bytes = Vec::new();
     stdin
         .lock()
-        .read_to_string(&mut s)
+        .read_to_end(&mut bytes)
         .context("reading the prompt from stdin")?;
-    Ok(s)
+    validate::utf8(bytes, "the prompt on stdin")
 }
 
 fn sampling(a: &DecodeArgs, g: &runner::GenerationConfig) -> SamplingOptions {
@@ -312,6 +315,7 @@ fn generate(a: GenerateArgs, verbose: bool) -> Result<u8> {
         ctrlc::set_handler(move || c.store(true, Ordering::Relaxed))
             .context("installing the Ctrl-C handler")?;
     }
+    validate::decode_args(&a.decode)?;
     set_device(a.decode.device)?;
     let prompt_text = read_prompt(&a)?;
     let m = load_with_progress(&a.decode)?;
@@ -356,12 +360,11 @@ fn generate(a: GenerateArgs, verbose: bool) -> Result<u8> {
     } else {
         let _ = writeln!(stdout);
     }
-    if verbose {
-        eprintln!("{}", report::stats_line(&g));
+    let cancelled = g.finish == FinishReason::Cancelled;
+    if verbose || cancelled {
+        // Interrupted: what was generated is on stdout; say how far it got.
+        let tag = if cancelled { "interrupted: " } else { "" };
+        eprintln!("{tag}{}", report::stats_line(&g));
     }
-    Ok(if g.finish == FinishReason::Cancelled {
-        EXIT_INTERRUPTED
-    } else {
-        0
-    })
+    Ok(if cancelled { EXIT_INTERRUPTED } else { 0 })
 }
