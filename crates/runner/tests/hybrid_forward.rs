@@ -17,7 +17,9 @@ fn last_logits(m: &dyn Model, ids: &[u32]) -> Vec<f32> {
     let mut caches = m.new_caches();
     let t = Array::from_slice(ids, &[ids.len() as i32]).unwrap();
     let h = m.forward(&t, &mut caches).unwrap();
-    let last = h.slice_axis(0, ids.len() as i32 - 1, ids.len() as i32).unwrap();
+    let last = h
+        .slice_axis(0, ids.len() as i32 - 1, ids.len() as i32)
+        .unwrap();
     m.unembed(&last).unwrap().to_vec::<f32>().unwrap()
 }
 
@@ -46,14 +48,21 @@ fn greedy(m: &dyn Model, ids: &[u32], chunk: usize, n: usize) -> Vec<u32> {
     for _ in 0..n {
         let t = argmax(&logits.to_vec::<f32>().unwrap());
         out.push(t);
-        let h = m.forward(&Array::from_slice(&[t], &[1]).unwrap(), &mut caches).unwrap();
+        let h = m
+            .forward(&Array::from_slice(&[t], &[1]).unwrap(), &mut caches)
+            .unwrap();
         logits = m.unembed(&h).unwrap();
     }
     out
 }
 
 fn ids_of(case: &serde_json::Value) -> Vec<u32> {
-    case["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    case["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 #[test]
@@ -69,8 +78,16 @@ fn forward_matches_mlx_lm_logits_and_greedy_continuations() {
             .map(|x| x.as_f64().unwrap() as f32)
             .collect();
         let got = last_logits(m.model.as_ref(), &ids);
-        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-        assert!(worst <= LOGIT_TOL, "prompt {:?}: logits differ by {worst}", case["prompt"]);
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(
+            worst <= LOGIT_TOL,
+            "prompt {:?}: logits differ by {worst}",
+            case["prompt"]
+        );
         let cont: Vec<u32> = case["greedy"]
             .as_array()
             .unwrap()
@@ -78,7 +95,11 @@ fn forward_matches_mlx_lm_logits_and_greedy_continuations() {
             .map(|x| x.as_u64().unwrap() as u32)
             .collect();
         let ours = greedy(m.model.as_ref(), &ids, 2048, cont.len());
-        assert_eq!(ours, cont, "prompt {:?}: greedy continuation differs", case["prompt"]);
+        assert_eq!(
+            ours, cont,
+            "prompt {:?}: greedy continuation differs",
+            case["prompt"]
+        );
     }
 }
 
@@ -89,7 +110,11 @@ fn chunked_prefill_equals_one_pass() {
     let ids = ids_of(case);
     let one = greedy(m.model.as_ref(), &ids, 2048, 16);
     for chunk in [1, 3, 5] {
-        assert_eq!(greedy(m.model.as_ref(), &ids, chunk, 16), one, "chunk {chunk}");
+        assert_eq!(
+            greedy(m.model.as_ref(), &ids, chunk, 16),
+            one,
+            "chunk {chunk}"
+        );
     }
 }
 
@@ -101,12 +126,18 @@ fn check_load_error(edit: impl FnOnce(&mut Vec<(String, Array)>), needle: &str) 
         .expect_err("a broken checkpoint must not load");
     let msg = err.to_string();
     assert!(err.is_bad_input(), "{msg}");
-    assert!(msg.contains(needle), "error `{msg}` does not name `{needle}`");
+    assert!(
+        msg.contains(needle),
+        "error `{msg}` does not name `{needle}`"
+    );
 }
 
 fn replace(tensors: &mut [(String, Array)], name: &str, shape: &[i32]) {
     let n: i32 = shape.iter().product();
-    let slot = tensors.iter_mut().find(|(n2, _)| n2 == name).expect("tensor in manifest");
+    let slot = tensors
+        .iter_mut()
+        .find(|(n2, _)| n2 == name)
+        .expect("tensor in manifest");
     slot.1 = Array::from_slice(&vec![0.5f32; n as usize], shape).unwrap();
 }
 
