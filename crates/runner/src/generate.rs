@@ -28,8 +28,8 @@ use crate::stats::Stats;
 use crate::stop::{StopMatcher, StopStep};
 use crate::tokenizer::Tokenizer;
 use kvcache::Cache;
-pub(crate) use points::RestorePoints;
 use mtp_draft::Drafter;
+pub(crate) use points::RestorePoints;
 use sampler::{History, KeyStream, Options, sample_next};
 
 /// Prompt tokens per prefill forward.
@@ -363,7 +363,8 @@ impl<'m> Session<'m> {
                 draft_offset <= keep,
                 "draft caches at {draft_offset} past the boundary slot {keep}"
             );
-            self.points.restore(&mut self.caches, keep, &self.committed)?;
+            self.points
+                .restore(&mut self.caches, keep, &self.committed)?;
             self.committed.truncate(keep);
             body.insert(0, last);
         }
@@ -463,7 +464,8 @@ impl<'m> Session<'m> {
                     // The step ahead already forwarded the end-of-sequence token:
                     // drop it, so neither loop ever leaves an EOS in the caches.
                     let keep = self.committed.len() - 1;
-                    self.points.restore(&mut self.caches, keep, &self.committed)?;
+                    self.points
+                        .restore(&mut self.caches, keep, &self.committed)?;
                     self.committed.truncate(keep);
                 }
                 break;

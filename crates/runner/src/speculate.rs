@@ -122,7 +122,9 @@ impl<'m> Session<'m> {
         if points {
             self.points.take(&mut self.caches, &self.committed);
         }
-        let restored = self.points.restore(&mut self.caches, pos + keep, &self.committed);
+        let restored = self
+            .points
+            .restore(&mut self.caches, pos + keep, &self.committed);
         self.committed.truncate(before);
         restored?;
         draft.committed(
