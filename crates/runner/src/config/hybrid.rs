@@ -175,7 +175,7 @@ pub(super) fn parse(raw: &RawConfig, path: &Path) -> Result<Option<HybridConfig>
 pub(super) fn rotary_factor(factor: Option<f32>, head_dim: usize, path: &Path) -> Result<f32> {
     let f = factor.unwrap_or(1.0);
     let dims = (head_dim as f32 * f) as usize;
-    if !(f > 0.0 && f <= 1.0) || dims == 0 || dims % 2 != 0 {
+    if !(f > 0.0 && f <= 1.0) || dims == 0 || !dims.is_multiple_of(2) {
         return Err(Error::InvalidConfig {
             path: path.to_owned(),
             key: "partial_rotary_factor",
