@@ -1,16 +1,32 @@
-//! `cargo xtask bench <suite>`: benchmark suites, each printing JSON lines on stdout.
+//! `cargo xtask bench`: benchmark suites (JSON lines), and the all-suites run that feeds docs/bench.
 //!
-//! To add a suite, write a `fn(&[String]) -> Result<()>` and add a row to [`SUITES`].
+//! * `bench <suite> [args]` runs one suite and prints its JSON lines.
+//! * `bench [all] [--out FILE] [--no-report]` runs every suite, stamps each
+//!   row (machine, device, date, commit, load, command to rerun), merges the
+//!   rows into `docs/bench/results.json` (or FILE), replacing this machine's
+//!   earlier rows, and redraws docs/bench/README.md and its plots.
+//! * `bench --merge FILE...` merges rows measured elsewhere (the H200's
+//!   `results-gpu.json`) and redraws; `bench report` only redraws.
+//!
+//! `--bin-dir DIR` / `--mlx-cuda-dir SP` (see [`crate::bins`]) run prebuilt binaries.
+//! To add a suite, write a `fn(&[String]) -> Result<Vec<Value>>` and add a row to [`SUITES`].
 
-use anyhow::{Result, bail};
+use std::path::{Path, PathBuf};
 
-use crate::cmd;
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::bins::{self, BANDWIDTH, DECODE_BENCH, MTP_RUNNER, SPEC_BENCH};
+use crate::{cmd, machine};
 
 /// One benchmark suite: its name, a one-line description, and how to run it.
 struct Suite {
     name: &'static str,
     about: &'static str,
-    run: fn(&[String]) -> Result<()>,
+    /// Runs it, printing JSON lines; returns them.
+    run: fn(&[String]) -> Result<Vec<Value>>,
+    /// Needs cargo (not in the GPU bundle).
+    cargo_only: bool,
 }
 
 /// The suites `cargo xtask bench` knows, in the order `bench list` shows them.
@@ -19,72 +35,203 @@ const SUITES: &[Suite] = &[
         name: "gemm",
         about: "x[m,2048] @ w[2048,2048] for m = 1, 4, 8 in f32 and bf16 (mlx-tensor example `gemm`)",
         run: gemm,
+        cargo_only: true,
     },
     Suite {
         name: "decode",
         about: "plain greedy decode tokens/s on models/tiny-mtp: ours and mlx-lm's in one run, with the ratio",
         run: decode,
+        cargo_only: false,
     },
     Suite {
         name: "spec",
         about: "plain vs speculative decoding (MTP per depth, draft model, n-gram; q8/q4 rows) on models/tiny-mtp, and mlx-lm draft-model speculation in the same run",
         run: spec,
+        cargo_only: false,
+    },
+    Suite {
+        name: "floor",
+        about: "memory bandwidth, launch overhead, and the decode step time against its floor (weight bytes / bandwidth + ops x per-op cost)",
+        run: floor,
+        cargo_only: false,
     },
 ];
 
+/// Where the all-suites run keeps its rows.
+pub const RESULTS: &str = "docs/bench/results.json";
+
 /// Dispatches to the named suite, passing the remaining arguments through.
 pub fn run(args: &[String]) -> Result<()> {
-    let Some((name, rest)) = args.split_first() else {
-        list();
-        bail!("`bench` needs a suite name");
-    };
-    if name == "list" {
-        list();
-        return Ok(());
-    }
-    match SUITES.iter().find(|s| s.name == name) {
-        Some(suite) => (suite.run)(rest),
-        None => {
+    let args = bins::take_flags(args)?;
+    match args.first().map(String::as_str) {
+        Some("list") => {
             list();
-            bail!("unknown bench suite `{name}`")
+            Ok(())
         }
+        Some("report") => crate::report::render(&cmd::root().join(RESULTS)),
+        Some("--merge") => merge_files(&args[1..]),
+        None | Some("all") => all(args.get(1..).unwrap_or_default()),
+        Some(a) if a.starts_with("--") => all(&args),
+        Some(name) => match SUITES.iter().find(|s| s.name == name) {
+            Some(suite) => (suite.run)(&args[1..]).map(drop),
+            None => {
+                list();
+                bail!("unknown bench suite `{name}`")
+            }
+        },
     }
 }
 
 fn list() {
-    eprintln!("bench suites:");
+    eprintln!("bench suites (`cargo xtask bench` runs them all):");
     for s in SUITES {
         eprintln!("  {:<8} {}", s.name, s.about);
     }
 }
 
-/// `cargo run --release` of an example with `args` passed through.
-fn example_command(package: &str, example: &str, args: &[String]) -> std::process::Command {
+/// Every suite, stamped, merged into the results file; then the report.
+fn all(args: &[String]) -> Result<()> {
+    let (mut out, mut report) = (cmd::root().join(RESULTS), true);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--out" => out = PathBuf::from(it.next().context("--out needs a file")?),
+            "--no-report" => report = false,
+            other => bail!("unknown `bench` option `{other}` (known: --out FILE, --no-report)"),
+        }
+    }
+    let device = crate::gpu_check::device_info()?;
+    let stamp = machine::stamp();
+    let mut rows = Vec::new();
+    for s in SUITES {
+        if s.cargo_only && bins::bin_dir().is_some() {
+            eprintln!("xtask: bench: skipping `{}` (needs cargo)", s.name);
+            continue;
+        }
+        let got = (s.run)(&[]).with_context(|| format!("bench suite `{}`", s.name))?;
+        rows.extend(got.into_iter().map(|r| stamped(r, s.name, &stamp, &device)));
+    }
+    let merged = merge_rows(read_rows(&out)?, rows);
+    write_rows(&out, &merged)?;
+    eprintln!("xtask: bench: {} rows in {}", merged.len(), out.display());
+    if report {
+        crate::report::render(&out)?;
+    }
+    Ok(())
+}
+
+/// `row` with the suite, the run's stamp, the MLX device and the command to rerun.
+pub fn stamped(row: Value, suite: &str, stamp: &Value, device: &Value) -> Value {
+    let mut m = match row {
+        Value::Object(m) => m,
+        other => [("value".to_owned(), other)].into_iter().collect(),
+    };
+    m.insert("suite".into(), suite.into());
+    if let Value::Object(s) = stamp {
+        m.extend(s.clone());
+    }
+    let on_gpu = device["device"] == "gpu";
+    m.insert("device".into(), device["device"].clone());
+    m.insert("device_name".into(), device["device_name"].clone());
+    let rerun = if on_gpu && cfg!(target_os = "linux") {
+        "cargo xtask gpu-bundle, then the device calls it prints (docs/gpu.md)".to_owned()
+    } else {
+        format!("cargo xtask bench {suite}")
+    };
+    m.insert("command".into(), rerun.into());
+    Value::Object(m)
+}
+
+/// `old` without the (machine, device, suite) groups that `new` brings, then `new`.
+pub fn merge_rows(old: Vec<Value>, new: Vec<Value>) -> Vec<Value> {
+    let key = |r: &Value| {
+        (
+            r["machine"].clone(),
+            r["device"].clone(),
+            r["suite"].clone(),
+        )
+    };
+    let replaced: Vec<_> = new.iter().map(key).collect();
+    old.into_iter()
+        .filter(|r| !replaced.contains(&key(r)))
+        .chain(new)
+        .collect()
+}
+
+/// The rows of a results file (none when it does not exist yet).
+pub fn read_rows(path: &Path) -> Result<Vec<Value>> {
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let v: Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    v["rows"]
+        .as_array()
+        .cloned()
+        .with_context(|| format!("{} has no `rows` array", path.display()))
+}
+
+fn write_rows(path: &Path, rows: &[Value]) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let doc = json!({
+        "about": "mtp-runner benchmark rows; every row names its machine, device, date, commit and the command to rerun it. Written by `cargo xtask bench`, merged with `cargo xtask bench --merge FILE`.",
+        "rows": rows,
+    });
+    std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// `bench --merge FILE...`: adds other machines' rows to docs/bench/results.json and redraws.
+fn merge_files(files: &[String]) -> Result<()> {
+    if files.is_empty() {
+        bail!(
+            "`bench --merge` needs one or more results files (for example the H200's results-gpu.json)"
+        );
+    }
+    let out = cmd::root().join(RESULTS);
+    let mut rows = read_rows(&out)?;
+    for f in files {
+        let new = read_rows(Path::new(f))?;
+        eprintln!("xtask: bench: merging {} rows from {f}", new.len());
+        rows = merge_rows(rows, new);
+    }
+    write_rows(&out, &rows)?;
+    crate::report::render(&out)
+}
+
+/// JSON lines of `text` (other lines skipped), each printed as it is kept.
+fn lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .inspect(|v| println!("{v}"))
+        .collect()
+}
+
+fn gemm(args: &[String]) -> Result<Vec<Value>> {
     let mut c = cmd::cargo();
     c.args([
         "run",
         "--quiet",
         "--release",
         "-p",
-        package,
+        "mlx-tensor",
         "--example",
-        example,
+        "gemm",
         "--",
     ])
     .args(args);
-    c
-}
-
-/// A release build of an example, its output streamed.
-fn release_example(package: &str, example: &str, args: &[String]) -> Result<()> {
-    cmd::run(
-        &format!("bench {example}"),
-        &mut example_command(package, example, args),
-    )
-}
-
-fn gemm(args: &[String]) -> Result<()> {
-    release_example("mlx-tensor", "gemm", args)
+    let rows = lines(&cmd::output("bench gemm", &mut c)?);
+    Ok(rows
+        .into_iter()
+        .map(|mut r| {
+            r["bench"] = "gemm".into();
+            r
+        })
+        .collect())
 }
 
 /// The bundled model the model benchmarks run on unless `--model` is given.
@@ -101,57 +248,55 @@ fn with_default_model(args: &[String]) -> Vec<String> {
     out
 }
 
+/// One of our binaries, its stdout captured.
+fn capture(b: bins::Bin, args: &[String]) -> Result<String> {
+    cmd::output(&format!("bench {}", b.name), &mut bins::command(b, args)?)
+}
+
 /// Ours (runner example `decode-bench`) then mlx-lm's (`mlx_lm_decode.py`) on the
 /// same weights, prompt and token count; then one summary line with the ratio.
-fn decode(args: &[String]) -> Result<()> {
+fn decode(args: &[String]) -> Result<Vec<Value>> {
     let args = with_default_model(args);
-    let ours = capture_example("runner", "decode-bench", &args)?;
-    print!("{ours}");
-    let theirs = run_mlx_lm("crates/runner/examples/mlx_lm_decode.py", &args)?;
-    if let Some(t) = &theirs {
-        print!("{t}");
-    }
-    let ours_tps = median_field(&ours, "decode_tps");
-    let theirs_tps = theirs
-        .as_deref()
-        .and_then(|t| median_field(t, "decode_tps"));
-    let summary = serde_json::json!({
+    let mut rows = lines(&capture(DECODE_BENCH, &args)?);
+    let theirs = run_mlx_lm("crates/runner/examples/mlx_lm_decode.py", &args)?
+        .map(|t| lines(&t))
+        .unwrap_or_default();
+    let ours_tps = median_field(&rows, "decode_tps");
+    let theirs_tps = median_field(&theirs, "decode_tps");
+    rows.extend(theirs);
+    let summary = json!({
         "bench": "decode",
         "summary": true,
         "ours_decode_tps": ours_tps,
         "mlx_lm_decode_tps": theirs_tps,
-        "mlx_lm_blas": if crate::setup::openblas_path().is_some() { "OpenBLAS (LD_PRELOAD)" } else { "bundled reference BLAS" },
+        "mlx_lm_blas": if crate::setup::openblas_path().is_some() { "OpenBLAS (LD_PRELOAD)" } else { "bundled BLAS" },
         "ratio_ours_over_mlx_lm": match (ours_tps, theirs_tps) {
             (Some(a), Some(b)) if b > 0.0 => Some(a / b),
             _ => None,
         },
     });
     println!("{summary}");
-    Ok(())
+    rows.push(summary);
+    Ok(rows)
 }
 
 /// Ours (runner example `spec-bench`: plain, MTP per depth, draft model,
 /// n-gram), then mlx-lm's draft-model speculative decoding on the same target,
 /// draft and prompt (`mlx_lm_spec.py`), then one summary line per depth with
 /// the draft-model ratio ours/theirs.
-fn spec(args: &[String]) -> Result<()> {
+fn spec(args: &[String]) -> Result<Vec<Value>> {
     let user_model = args.iter().any(|a| a == "--model");
     let args = with_default_model(args);
-    let ours = capture_example("runner", "spec-bench", &args)?;
-    print!("{ours}");
+    let ours = lines(&capture(SPEC_BENCH, &args)?);
+    let mut rows = ours.clone();
     if !user_model {
-        quantized_rows(&args)?;
+        rows.extend(quantized_rows(&args)?);
     }
     let Some(theirs) = run_mlx_lm("crates/runner/examples/mlx_lm_spec.py", &args)? else {
-        return Ok(());
+        return Ok(rows);
     };
-    print!("{theirs}");
-    let rows = |text: &str| -> Vec<serde_json::Value> {
-        text.lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    };
-    let (ours, theirs) = (rows(&ours), rows(&theirs));
+    let theirs = lines(&theirs);
+    rows.extend(theirs.iter().cloned());
     for t in theirs.iter().filter(|t| t["method"] == "draft-model") {
         let o = ours
             .iter()
@@ -162,14 +307,20 @@ fn spec(args: &[String]) -> Result<()> {
         ) else {
             continue;
         };
-        let line = serde_json::json!({
+        let line = json!({
             "bench": "spec", "summary": true, "method": "draft-model", "depth": t["depth"],
             "ours_tokens_per_s": a, "mlx_lm_tokens_per_s": b,
             "ratio_ours_over_mlx_lm": if b > 0.0 { Some(a / b) } else { None },
         });
         println!("{line}");
+        rows.push(line);
     }
-    Ok(())
+    Ok(rows)
+}
+
+/// Device bandwidth, launch overhead and the decode floor ratio (example `bandwidth`).
+fn floor(args: &[String]) -> Result<Vec<Value>> {
+    Ok(lines(&capture(BANDWIDTH, &with_default_model(args))?))
 }
 
 /// Runs an mlx-lm script with `args` under the same OpenBLAS as our binaries;
@@ -186,6 +337,7 @@ fn run_mlx_lm(script: &str, args: &[String]) -> Result<Option<String>> {
     c.current_dir(cmd::root())
         .arg(cmd::root().join(script))
         .args(args);
+    bins::child_env(&mut c);
     // A fair race: mlx-lm's libmlx gets the same OpenBLAS our binary links.
     if let Some(blas) = crate::setup::openblas_path() {
         c.env("LD_PRELOAD", blas);
@@ -193,21 +345,9 @@ fn run_mlx_lm(script: &str, args: &[String]) -> Result<Option<String>> {
     Ok(Some(cmd::output("mlx-lm", &mut c)?))
 }
 
-/// A release build of an example, its stdout captured.
-fn capture_example(package: &str, example: &str, args: &[String]) -> Result<String> {
-    cmd::output(
-        &format!("bench {example}"),
-        &mut example_command(package, example, args),
-    )
-}
-
-/// The median of a numeric field over JSON lines.
-fn median_field(lines: &str, field: &str) -> Option<f64> {
-    let mut v: Vec<f64> = lines
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|j| j.get(field).and_then(serde_json::Value::as_f64))
-        .collect();
+/// The median of a numeric field over rows.
+fn median_field(rows: &[Value], field: &str) -> Option<f64> {
+    let mut v: Vec<f64> = rows.iter().filter_map(|j| j[field].as_f64()).collect();
     if v.is_empty() {
         return None;
     }
@@ -216,30 +356,28 @@ fn median_field(lines: &str, field: &str) -> Option<f64> {
 }
 
 /// Plain vs MTP rows for the bundled model quantized to 8 and 4 bits (group
-/// 64), written once under `target/bench/` by `mtp-runner quantize`; each line
+/// 64), written once under `target/bench/` by `mtp-runner quantize`; each row
 /// gains `"model"` and `"bits"`.
-fn quantized_rows(args: &[String]) -> Result<()> {
+fn quantized_rows(args: &[String]) -> Result<Vec<Value>> {
+    let mut rows = Vec::new();
     for bits in [8, 4] {
         let dir = cmd::root().join(format!("target/bench/tiny-mtp-q{bits}"));
         if !dir.join("config.json").is_file() {
             let _ = std::fs::remove_dir_all(&dir);
+            let q: Vec<String> = vec![
+                "quantize".into(),
+                "--model".into(),
+                cmd::root().join(BUNDLED).display().to_string(),
+                "--out".into(),
+                dir.display().to_string(),
+                "--bits".into(),
+                bits.to_string(),
+                "--group-size".into(),
+                "64".into(),
+            ];
             cmd::run(
                 &format!("quantize q{bits}"),
-                cmd::cargo()
-                    .args([
-                        "run",
-                        "--quiet",
-                        "--release",
-                        "-p",
-                        "runner-cli",
-                        "--",
-                        "quantize",
-                    ])
-                    .arg("--model")
-                    .arg(cmd::root().join(BUNDLED))
-                    .arg("--out")
-                    .arg(&dir)
-                    .args(["--bits", &bits.to_string(), "--group-size", "64"]),
+                &mut bins::command(MTP_RUNNER, &q)?,
             )?;
         }
         let mut q_args: Vec<String> = Vec::new();
@@ -256,29 +394,64 @@ fn quantized_rows(args: &[String]) -> Result<()> {
         q_args.extend(["--model".to_owned(), dir.display().to_string()]);
         q_args.extend(["--methods".to_owned(), "off,mtp".to_owned()]);
         q_args.extend(["--depths".to_owned(), "auto,3".to_owned()]);
-        let out = capture_example("runner", "spec-bench", &q_args)?;
+        let out = capture(SPEC_BENCH, &q_args)?;
         for line in out.lines() {
-            match serde_json::from_str::<serde_json::Value>(line) {
-                Ok(serde_json::Value::Object(mut m)) => {
-                    m.insert("model".into(), format!("tiny-mtp-q{bits}").into());
-                    m.insert("bits".into(), bits.into());
-                    println!("{}", serde_json::Value::Object(m));
-                }
-                _ => println!("{line}"),
+            if let Ok(Value::Object(mut m)) = serde_json::from_str::<Value>(line) {
+                m.insert("model".into(), format!("tiny-mtp-q{bits}").into());
+                m.insert("bits".into(), bits.into());
+                let v = Value::Object(m);
+                println!("{v}");
+                rows.push(v);
             }
         }
     }
-    Ok(())
+    Ok(rows)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::median_field;
+    use super::*;
 
     #[test]
-    fn median_of_json_lines_skips_other_lines() {
-        let lines = "noise\n{\"decode_tps\": 3.0}\n{\"decode_tps\": 1.0}\n{\"x\": 9}\n{\"decode_tps\": 2.0}\n";
-        assert_eq!(median_field(lines, "decode_tps"), Some(2.0));
-        assert_eq!(median_field("nothing", "decode_tps"), None);
+    fn median_of_rows_skips_rows_without_the_field() {
+        let rows: Vec<Value> = [
+            json!({"decode_tps": 3.0}),
+            json!({"decode_tps": 1.0}),
+            json!({"x": 9}),
+            json!({"decode_tps": 2.0}),
+        ]
+        .into();
+        assert_eq!(median_field(&rows, "decode_tps"), Some(2.0));
+        assert_eq!(median_field(&[], "decode_tps"), None);
+    }
+
+    #[test]
+    fn merging_replaces_only_the_same_machine_device_and_suite() {
+        let row = |m: &str, d: &str, s: &str, v: i32| json!({"machine": m, "device": d, "suite": s, "v": v});
+        let old = vec![
+            row("epyc", "cpu", "spec", 1),
+            row("epyc", "cpu", "decode", 2),
+            row("h200", "gpu", "spec", 3),
+        ];
+        let merged = merge_rows(old, vec![row("epyc", "cpu", "spec", 10)]);
+        let vs: Vec<i64> = merged.iter().map(|r| r["v"].as_i64().unwrap()).collect();
+        assert_eq!(vs, [2, 3, 10]);
+    }
+
+    #[test]
+    fn stamped_rows_carry_machine_date_commit_and_rerun_command() {
+        let stamp = json!({"machine": "cpu x", "date": "2025-11-30T00:00:00Z", "commit": "abc"});
+        let device = json!({"device": "cpu", "device_name": "cpu x"});
+        let r = stamped(json!({"tokens_per_s": 5.0}), "spec", &stamp, &device);
+        for (k, want) in [
+            ("suite", json!("spec")),
+            ("machine", json!("cpu x")),
+            ("date", json!("2025-11-30T00:00:00Z")),
+            ("commit", json!("abc")),
+            ("command", json!("cargo xtask bench spec")),
+            ("tokens_per_s", json!(5.0)),
+        ] {
+            assert_eq!(r[k], want, "{k}");
+        }
     }
 }

@@ -6,12 +6,21 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-/// The workspace root (the parent of `xtask/`).
+/// The workspace root: `$MTP_ROOT` when set, else the parent of `xtask/` when
+/// this binary runs in the checkout it was built from, else the current folder
+/// (a prebuilt xtask started in a copy of the repository, as `gpu.sh` does).
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    if let Some(r) = std::env::var_os("MTP_ROOT") {
+        return PathBuf::from(r);
+    }
+    let built = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("xtask lives one level below the workspace root")
-        .to_path_buf()
+        .expect("xtask lives one level below the workspace root");
+    if built.join("Cargo.toml").is_file() {
+        built.to_path_buf()
+    } else {
+        std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))
+    }
 }
 
 /// `cargo` as the one running xtask (respects `$CARGO`), started in the workspace root.

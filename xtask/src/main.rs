@@ -5,11 +5,17 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod bench;
+mod bins;
 mod ci;
 mod cmd;
 mod deps;
+mod gpu_bundle;
+mod gpu_check;
+mod machine;
 mod python;
+mod report;
 mod setup;
+mod split;
 
 use std::process::ExitCode;
 
@@ -21,7 +27,10 @@ usage: cargo xtask <command> [args]
 commands:
   ci                 fmt check, clippy -D warnings, dependency-graph check, all tests
   deps               check the crate graph against docs/ARCHITECTURE.md alone
-  bench <suite>      run a benchmark suite (JSON lines on stdout); `bench list` lists them
+  bench [<suite>]    all suites -> docs/bench/results.json + README.md (plots); one suite:
+                     JSON lines on stdout; `bench list` lists them, `bench --merge F.json`
+  gpu-check [...]    parity and losslessness checks on a GPU (exit 3: no GPU); docs/gpu.md
+  gpu-bundle [...]   binaries + MLX CUDA for the H200 machine, in parts, with gpu.sh
   setup [--python]   install missing system prerequisites (OpenBLAS); --python also makes
                      the reference-tools venv
   train-tiny [...]   python3 xtask/train/train.py [...]
@@ -52,6 +61,8 @@ fn run() -> Result<()> {
         "ci" => ci::run(rest),
         "deps" => deps::run(),
         "bench" => bench::run(rest),
+        "gpu-check" => gpu_check::run(rest),
+        "gpu-bundle" => gpu_bundle::run(rest),
         "setup" => setup::run(rest),
         "train-tiny" => python::run_script("train.py", rest),
         "ref-check" => python::run_script("ref_check.py", rest),

@@ -7,7 +7,7 @@
 //!
 //! Each line: `{"bench":"spec","engine":"mtp-runner","method":"off|mtp|draft-model|ngram",
 //! "depth":"auto"|N,"tokens_per_s":..,"acceptance_rate":..,"mean_accepted_length":..,
-//! "generated_tokens":..,"runs":R}` with the median decode tokens/s over the
+//! "per_position_acceptance":[..],"generated_tokens":..,"runs":R}` with the median decode tokens/s over the
 //! timed runs (after one warm-up) and the speculation figures of the median
 //! run. `off` is printed once, at depth 0. A method the model cannot use (MTP
 //! without a head) is skipped with a note on stderr.
@@ -147,6 +147,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "tokens_per_s": median.stats.decode_tps(),
                 "acceptance_rate": spec.acceptance_rate(),
                 "mean_accepted_length": if spec.rounds == 0 { 1.0 } else { spec.mean_accepted_length() },
+                "per_position_acceptance": spec.per_position_acceptance(),
                 "generated_tokens": median.stats.generated_tokens,
                 "runs": runs,
             });

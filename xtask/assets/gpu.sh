@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# gpu.sh: runs mtp-runner's GPU checks and benchmarks on a Linux NVIDIA machine without Rust.
+#
+# Made by `cargo xtask gpu-bundle`, which puts a copy of this script, MANIFEST and SHA256SUMS in
+# every part folder (p1, p2, ...) beside one chunk of bundle.tar.xz. Run from the repository root
+# (the models travel with the working tree):
+#   bash .gpu/bundle/pN/gpu.sh stage   copy this part's chunk into $MTP_STAGE (default /tmp/stage), checked
+#   bash .gpu/bundle/pN/gpu.sh run     setup + check + bench (all chunks must be staged)
+#   bash .gpu/bundle/pN/gpu.sh setup   join and unpack: binaries, libs, MLX CUDA + mlx + mlx-lm into $MTP_SP
+#   bash .gpu/bundle/pN/gpu.sh check   xtask gpu-check        -> $OUT/gpu-check.json
+#   bash .gpu/bundle/pN/gpu.sh bench   xtask bench (all)      -> $OUT/results-gpu.json
+# Environment: OUT (results folder; default .gpu/out), MTP_STAGE, MTP_DEST (default /tmp/mtp),
+# MTP_NV (the torch venv's site-packages/nvidia), MLX_PTX_CACHE_DIR (default /tmp/ptxcache).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=/dev/null
+. "$HERE/MANIFEST"
+STAGE=${MTP_STAGE:-/tmp/stage}
+DEST=${MTP_DEST:-/tmp/mtp}
+SP=$DEST/sp
+NV=${MTP_NV:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia}
+OUT=${OUT:-$PWD/.gpu/out}
+mkdir -p "$OUT"
+
+say() { echo "gpu.sh: $*" >&2; }
+
+stage() {
+  mkdir -p "$STAGE"
+  for f in "$HERE"/bundle.tar.xz.*; do
+    cp "$f" "$STAGE/"
+  done
+  (cd "$STAGE" && sha256sum --quiet -c --ignore-missing "$HERE/SHA256SUMS")
+  local have=0 missing=""
+  for c in $CHUNKS; do
+    if [ -f "$STAGE/$c" ]; then have=$((have + 1)); else missing="$missing $c"; fi
+  done
+  say "staged $(basename "$HERE") in $STAGE: $have of $NCHUNKS chunks present${missing:+; missing:$missing}"
+}
+
+setup() {
+  for c in $CHUNKS; do
+    [ -f "$STAGE/$c" ] || { say "chunk $c is not in $STAGE: run 'gpu.sh stage' for its part first (a machine that went cold lost /tmp)"; exit 4; }
+  done
+  (cd "$STAGE" && sha256sum --quiet -c "$HERE/SHA256SUMS")
+  # shellcheck disable=SC2086
+  (cd "$STAGE" && cat $CHUNKS) > "$STAGE/bundle.tar.xz"
+  echo "$BUNDLE_SHA256  $STAGE/bundle.tar.xz" | sha256sum --quiet -c
+  rm -rf "$DEST" && mkdir -p "$DEST"
+  if command -v xz >/dev/null; then
+    tar -C "$DEST" -xJf "$STAGE/bundle.tar.xz"
+  else
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="fully_trusted")' \
+      "$STAGE/bundle.tar.xz" "$DEST"
+  fi
+  rm -f "$STAGE/bundle.tar.xz"
+  # libmlx.so's RPATH $ORIGIN/../../nvidia/{cu13,cudnn,nccl}/lib resolves through this link;
+  # NVRTC finds the CUDA headers in nvidia/cu13/include and cccl in mlx/include/cccl.
+  ln -sfn "$NV" "$SP/nvidia"
+  [ -d "$SP/nvidia/cu13/include" ] || say "warning: $NV/cu13/include is missing: set CUDA_HOME to a CUDA toolkit (runtime JIT needs its headers)"
+  chmod +x "$DEST"/bin/*
+  say "unpacked commit $COMMIT into $DEST"
+}
+
+env_for_run() {
+  export LD_LIBRARY_PATH="$SP/mlx/lib:$DEST/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PYTHONPATH="$SP${PYTHONPATH:+:$PYTHONPATH}"
+  export MLX_PTX_CACHE_DIR=${MLX_PTX_CACHE_DIR:-/tmp/ptxcache}
+  export MTP_ROOT=$PWD MTP_GIT_COMMIT=$COMMIT MTP_BIN_DIR=$DEST/bin MTP_PYTHON=python3
+  export PYTHONUNBUFFERED=1
+}
+
+check() {
+  env_for_run
+  local rc=0
+  "$DEST/bin/xtask" gpu-check --json "$OUT/gpu-check.json" >/dev/null || rc=$?
+  case $rc in
+    0) say "gpu-check: PASS" ;;
+    3) say "gpu-check: NO GPU (exit 3): see $OUT/gpu-check.json" ;;
+    *) say "gpu-check: FAIL (exit $rc): see $OUT/gpu-check.json" ;;
+  esac
+  return $rc
+}
+
+bench() {
+  env_for_run
+  "$DEST/bin/xtask" bench --out "$OUT/results-gpu.json" --no-report
+}
+
+run() {
+  setup
+  nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
+  local rc=0
+  check 2>&1 | tee "$OUT/gpu-check.log" || rc=${PIPESTATUS[0]}
+  bench 2>&1 | tee "$OUT/bench.log"
+  say "results in $OUT: gpu-check.json, results-gpu.json, *.log (gpu-check exit $rc)"
+  return $rc
+}
+
+case "${1:-}" in
+  stage | setup | check | bench | run) "$1" ;;
+  *) echo "usage: bash $0 stage|run|setup|check|bench" >&2; exit 2 ;;
+esac
