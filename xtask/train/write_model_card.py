@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Write MODEL_CARD.md for a trained model folder from its metrics.json, train_log.jsonl,
-xtask/train/corpus.lock, the corpus manifest and (optionally) a ref_check.py --json-out file.
+xtask/train/corpus.lock, the corpus manifest and (optionally) a ref_check.py / ref_check_hybrid.py
+--json-out file. Handles the dense models (train.py) and the Qwen3.5 hybrid (train_hybrid.py).
 
   python3 xtask/train/write_model_card.py models/tiny-mtp   [--refcheck /tmp/refcheck.json] [--device-s 428]
 """
@@ -32,6 +33,10 @@ def main():
     mean = lambda k: sum(r[k] for r in tail) / len(tail)
     ho = m["heldout"]
     c = m["config"]
+    is_hybrid = cfg.get("model_type") == "qwen3_5"  # train_hybrid.py: keys live in text_config
+    if is_hybrid:
+        cfg = dict(cfg["text_config"], **{k: v for k, v in cfg.items() if k != "text_config"})
+        cfg.setdefault("torch_dtype", cfg.get("dtype"))
     is_mtp = cfg.get("mtp_num_hidden_layers", 0) > 0
     with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
         shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
@@ -40,7 +45,12 @@ def main():
     L = []
     w = L.append
     w(f"# {name}\n")
-    if is_mtp:
+    if is_hybrid:
+        w("A small dense **Qwen3.5 hybrid** decoder (`Qwen3_5ForCausalLM`, `model_type: qwen3_5` with a `text_config`): "
+          "Gated DeltaNet (linear attention) layers interleaved with gated full-attention layers, with **one MTP layer** "
+          "in the Qwen3.5 layout (`mtp.*`), trained by this project (mtp-runner, issue 8) as the hybrid target model for "
+          "lossless multi-token-prediction speculative decoding. Trained from scratch on Python source code.\n")
+    elif is_mtp:
         w("A small dense **Qwen3** decoder (`Qwen3ForCausalLM`, `model_type: qwen3`) with **one MTP layer** in the "
           "Qwen3.5 / Qwen3-Next layout (`mtp.*`), trained by this project (mtp-runner, issue 3) as the target model for "
           "lossless multi-token-prediction speculative decoding. Trained from scratch on Python source code.\n")
@@ -50,16 +60,37 @@ def main():
           "on the same Python source corpus.\n")
     w("## Architecture\n")
     w("| key | value |\n|---|---|")
-    for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-              "intermediate_size", "vocab_size", "rope_theta", "rms_norm_eps", "max_position_embeddings",
-              "tie_word_embeddings", "torch_dtype"):
+    keys = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "intermediate_size", "vocab_size", "rope_theta", "rms_norm_eps", "max_position_embeddings",
+            "tie_word_embeddings", "torch_dtype"]
+    if is_hybrid:
+        keys[8:8] = ["partial_rotary_factor", "full_attention_interval", "layer_types", "linear_num_key_heads",
+                     "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim"]
+    for k in keys:
         w(f"| `{k}` | {cfg[k]} |")
     if is_mtp:
         w(f"| `mtp_num_hidden_layers` | {cfg['mtp_num_hidden_layers']} |")
         w(f"| `mtp_norm_zero_centered` | {str(cfg['mtp_norm_zero_centered']).lower()} |")
     w(f"| parameters | {m['params']:,}" + (f" (MTP module {m['mtp_params']:,}; trunk {m['params']-m['mtp_params']:,})" if is_mtp else "") + " |")
     w(f"| `model.safetensors` | {size:,} bytes, {len(shapes)} tensors, dtype {', '.join(sorted(dtypes))} |\n")
-    w("Qwen3 block: pre-norm residual; attention with GQA, per-head RMSNorm on q and k (`q_norm`, `k_norm`, over "
+    if is_hybrid:
+        w("Qwen3.5 blocks, pre-norm residual, SwiGLU MLP `down(silu(gate(x)) * up(x))` in every layer. Every RMSNorm except "
+          "the Gated DeltaNet's output norm is **zero-centred**: `x / sqrt(mean(x^2) + 1e-6) * (1 + w)` (fp32), `w` stored.\n")
+        w("- **Gated DeltaNet** (`linear_attn`, layers with `linear_attention`): `qkv = in_proj_qkv(x)` (rows q, k, v); a "
+          "depthwise causal conv1d over time (`conv1d.weight` `[C, 1, 4]`, no bias; zero history at the start), then silu; "
+          "split into q, k (`linear_num_key_heads` x `linear_key_head_dim`) and v (`linear_num_value_heads` x "
+          "`linear_value_head_dim`); q, k l2-normalised (`x / sqrt(sum(x^2) + 1e-6)`), q scaled by `Dk^-0.5`; value head j "
+          "reads key head `j // (Hv/Hk)`; `beta = sigmoid(in_proj_b(x))`, decay `g = exp(-exp(A_log) * softplus(in_proj_a(x) + dt_bias))`; "
+          "per token with state `S` `[Dk, Dv]` per value head (zero at the start): `S = g S; u = beta (v - S^T k); S = S + k u^T; o = S^T q`; "
+          "then `norm(o) * w_norm * silu(in_proj_z(x))` per head (`linear_attn.norm.weight`, **plain**, not zero-centred) and `out_proj`.")
+        w("- **Gated attention** (`self_attn`, layers with `full_attention`): `q_proj` gives per head `[query (head_dim) | gate (head_dim)]`; "
+          "q_norm / k_norm (zero-centred) over head_dim, then RoPE (rotate-half / NeoX) on the first "
+          "`head_dim * partial_rotary_factor` dims only, GQA, causal softmax with scale `head_dim^-0.5`; `o_proj(attn * sigmoid(gate))`.")
+        w("- The LM head is tied to `model.embed_tokens.weight` (no `lm_head.weight` tensor). `A_log` and `dt_bias` are stored "
+          "in f32, everything else in bf16; each zero-centred norm weight was rounded at export so that `1 + w` is exactly a "
+          "bf16 value (mlx-lm adds the 1 in bf16, transformers in f32: both see the same gain).\n")
+    else:
+        w("Qwen3 block: pre-norm residual; attention with GQA, per-head RMSNorm on q and k (`q_norm`, `k_norm`, over "
       "head_dim) applied before RoPE (rotate-half / NeoX style, positions 0..T-1), no biases, scale 1/sqrt(head_dim), causal; "
       "SwiGLU MLP `down(silu(gate(x)) * up(x))`. RMSNorm is `w * x / sqrt(mean(x^2) + 1e-6)` (computed in fp32). "
       "The LM head is tied to `model.embed_tokens.weight` (no `lm_head.weight` tensor is stored).\n")
@@ -70,17 +101,25 @@ def main():
         w("```\ne  = RMSNorm_{mtp.pre_fc_norm_embedding}( embed_tokens(t_{i+1}) )\n"
           "g  = RMSNorm_{mtp.pre_fc_norm_hidden}( h_i )\n"
           "u  = mtp.fc( concat([e, g], -1) )            # embedding FIRST; fc.weight is [H, 2H], no bias\n"
-          "o  = Qwen3DecoderLayer_{mtp.layers.0}(u)     # full causal attention over the MTP positions, RoPE position i,\n"
+          + ("o  = Qwen3_5DecoderLayer_{mtp.layers.0}(u)   # a GATED full-attention layer (as the trunk's), causal over the\n"
+             "                                            # MTP positions, partial RoPE at position i,\n" if is_hybrid else
+             "o  = Qwen3DecoderLayer_{mtp.layers.0}(u)     # full causal attention over the MTP positions, RoPE position i,\n") +
           "                                            # its own KV cache\n"
           "h' = RMSNorm_{mtp.norm}(o)\n"
           "logits_{t+2} = h' @ embed_tokens.weight^T    # shared (tied) LM head; predicts t_{i+2}\n```\n")
-        w("**Norm convention: every norm in this checkpoint, the `mtp.*` norms included "
-          "(`mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.norm`, `mtp.layers.0.{input_layernorm,"
-          "post_attention_layernorm}`, `mtp.layers.0.self_attn.{q_norm,k_norm}`), is stored as a plain RMSNorm "
-          "weight: multiply by `w`. They are NOT zero-centred; a loader must NOT add 1** (unlike Qwen3-Next / Qwen3.5, "
-          "whose `x * (1 + w)` norms mlx-lm and ollama shift at load). Rule: `model_type == \"qwen3\"` (and "
-          "`mtp_norm_zero_centered: false` in config.json) means no shift; the Qwen3.5 rule (shift by +1) applies only to "
-          "`qwen3_next` / `qwen3_5*` model types.\n")
+        if is_hybrid:
+            w("**Norm convention: every RMSNorm of the MTP head (`mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, "
+              "`mtp.norm`, `mtp.layers.0.{input_layernorm,post_attention_layernorm}`, `mtp.layers.0.self_attn.{q_norm,k_norm}`) is "
+              "stored ZERO-CENTRED, like the trunk's: the norm multiplies by `1 + w`; a loader adds 1** (config.json: "
+              "`mtp_norm_zero_centered: true`; the rule of `docs/hybrid-format.md`).\n")
+        else:
+            w("**Norm convention: every norm in this checkpoint, the `mtp.*` norms included "
+            "(`mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.norm`, `mtp.layers.0.{input_layernorm,"
+            "post_attention_layernorm}`, `mtp.layers.0.self_attn.{q_norm,k_norm}`), is stored as a plain RMSNorm "
+            "weight: multiply by `w`. They are NOT zero-centred; a loader must NOT add 1** (unlike Qwen3-Next / Qwen3.5, "
+            "whose `x * (1 + w)` norms mlx-lm and ollama shift at load). Rule: `model_type == \"qwen3\"` (and "
+            "`mtp_norm_zero_centered: false` in config.json) means no shift; the Qwen3.5 rule (shift by +1) applies only to "
+            "`qwen3_next` / `qwen3_5*` model types.\n")
         w("Training pairs each position i (0..T-2) with (h_i, t_{i+1}) and the label t_{i+2}; the MTP layer's attention "
           "runs over the same sequence positions as the trunk. At decode time the MTP KV cache must be filled during "
           "prefill with the shifted pairing (h_i, t_{i+1}) for every prompt position, so a draft for the position after "
@@ -114,19 +153,22 @@ def main():
         w("")
     w("## Training\n")
     w("| | |\n|---|---|")
-    w(f"| code | `xtask/train/train.py` (PyTorch {m['torch']}, {m['precision']}, torch.compile {m['compile']}) |")
-    w(f"| hardware | 1x {m['device']} (the project's lent GPU machine){' shared concurrently with the other model' if True else ''} |")
+    script = "train_hybrid.py" if is_hybrid else "train.py"
+    w(f"| code | `xtask/train/{script}` (PyTorch {m['torch']}, {m['precision']}, torch.compile {m['compile']}) |")
+    w(f"| hardware | 1x {m['device']} (the project's lent GPU machine){'' if is_hybrid else ' shared concurrently with the other model'} |")
     w(f"| command | `{m['command']}` |")
     w(f"| loss | CE(next token)" + (f" + {m['mtp_weight']} x CE(MTP predicting t+2)" if is_mtp else "") + " |")
     w(f"| steps | {m['steps']} (chosen by `--steps auto` from a timed warm-up; `--steps {m['steps']}` reproduces) |")
     w(f"| batch | {m['batch']} x {m['seq_len']} tokens = {m['batch']*m['seq_len']:,} tokens/step, random windows of the packed train stream |")
     w(f"| tokens seen | {m['tokens_seen']:,} ({m['tokens_seen']/m['train_tokens']:.1f} epochs of {m['train_tokens']:,}) |")
     w(f"| optimizer | {m['optimizer']}; peak lr {m['lr']}, warm-up {m['warmup']} steps, min lr {m['min_lr_frac']} x peak, weight decay {m['weight_decay']} on matrices |")
-    w(f"| init | normal(0, 0.02); o_proj and down_proj std 0.02/sqrt(2 x layers) |")
+    w(f"| init | normal(0, 0.02); o_proj and down_proj{' and out_proj' if is_hybrid else ''} std 0.02/sqrt(2 x layers)"
+      + ("; zero-centred norms 0, gated norm 1; GDN: A ~ U(1, 16) (A_log = log A), dt ~ logU(1e-3, 1e-1) with "
+         "dt_bias = softplus^-1(dt), conv1d kaiming-uniform" if is_hybrid else "") + " |")
     w(f"| seed | {m['seed']} |")
     w(f"| wall time | {m['train_wall_s']:.1f} s training + {m['compile_warmup_s']:.1f} s compile/warm-up + {m['eval_s']:.1f} s final eval |")
     if a.device_s:
-        w(f"| device time | {a.device_s:.0f} s for the whole GPU call (machine start, tokenization, both models trained concurrently) |")
+        w(f"| device time | {a.device_s:.0f} s for the whole GPU call (machine start, tokenization, {'training' if is_hybrid else 'both models trained concurrently'}) |")
     ft = f"{mean('ce'):.4f}"
     w(f"| final train loss (mean of the last {len(tail)} logged steps, {tail[0]['step']}..{tail[-1]['step']}) | next-token CE {ft}"
       + (f", MTP CE {mean('mtp_ce'):.4f}, total {mean('loss'):.4f}" if is_mtp else "") + " |\n")
@@ -146,7 +188,27 @@ def main():
         w("")
     if a.refcheck and os.path.exists(a.refcheck):
         rc = json.load(open(a.refcheck)).get(name)
-        if rc:
+        if rc and is_hybrid:
+            w("## Reference check (`xtask/train/ref_check_hybrid.py`)\n")
+            w(f"In fp32 math on the stored weights (torch {rc['torch']}, transformers {rc['transformers']}, mlx-lm {rc['mlx_lm']}):\n")
+            w(f"- Greedy continuations ({rc['max_tokens']} tokens) of 5 held-out prompts (`xtask/train/refcheck_prompts.json`): "
+              f"**{rc['prompts_agreeing']} identical** across mlx-lm (`{rc['mlx_class']}`, which drops the `mtp.*` tensors in its "
+              f"sanitize and decodes token by token from its conv / recurrent-state / KV caches), transformers "
+              f"(`{rc['hf_class']}`; `AutoModelForCausalLM` resolves to `{rc['auto_class']}`) and `train_hybrid.py`'s model.")
+            w(f"- Last-position logits: max |difference| over the three pairs and 5 prompts **{rc['max_abs_d_logits']:.2e}** "
+              f"(tolerance {rc['logit_tol']:g}).")
+            worst = max(max(r['max_abs_d_out'], r['max_abs_d_state']) for r in rc['gdn_random_cases'])
+            w(f"- The training code's chunked Gated DeltaNet (chunk 64) vs the per-token recurrence: max |difference| "
+              f"{worst:.2e} on random inputs ({len(rc['gdn_random_cases'])} cases), {rc['gdn_trunk_max_abs_d_logits']:.2e} on the "
+              f"trunk logits of this checkpoint (tolerance {rc['gdn_tol']:g}).")
+            w(f"- `PreTrainedTokenizerFast` encodes the prompts exactly like `tokenizers`: {rc['tokenizer_fast_matches_tokenizers']}. "
+              f"Caution: `AutoTokenizer` gives `{rc['auto_tokenizer_class']}` for `model_type: qwen3_5` "
+              f"(matches `tokenizers`: {rc['auto_tokenizer_matches_tokenizers']}); it rebuilds the pre-tokenizer with Qwen3.5's "
+              f"own regex, and mlx-lm's `load()` uses it too: compare by token ids or load the tokenizer explicitly.")
+            if rc.get("mtp_draft_agreement_on_continuations") is not None:
+                w(f"- MTP t+2 draft agreement along these greedy continuations: {rc['mtp_draft_agreement_on_continuations']:.3f}.")
+            w("")
+        elif rc:
             w("## Reference check (`xtask/train/ref_check.py`)\n")
             w(f"Greedy continuations (32 tokens, fp32 math) of 5 held-out prompts (`xtask/train/refcheck_prompts.json`): "
               f"**{rc['prompts_agreeing']} identical** across mlx-lm (`mlx_lm.load`, with the {rc['mtp_tensors_dropped_for_mlx']} `mtp.*` "
@@ -159,9 +221,9 @@ def main():
     w("## Reproduce\n")
     w("See `docs/training.md`. In short:\n")
     w("```sh\npython3 xtask/train/build_corpus.py            # download (pinned, sha256-checked), split, tokenizer, tokens\n"
-      f"python3 xtask/train/train.py --model {m['model']} --out models/{name} --steps {m['steps']} --compile   # on a CUDA GPU\n"
+      f"python3 xtask/train/{script} --model {m['model']} --out models/{name} --steps {m['steps']} --compile   # on a CUDA GPU\n"
       f"python3 xtask/train/write_model_card.py models/{name} --refcheck <ref_check json>\n"
-      "python3 xtask/train/ref_check.py\n```\n")
+      f"python3 xtask/train/{'ref_check_hybrid.py' if is_hybrid else 'ref_check.py'}\n```\n")
     w("Numbers vary slightly between GPUs and PyTorch versions (bf16 autocast, nondeterministic kernels); the shipped "
       "weights are the reference.\n")
     with open(os.path.join(d, "MODEL_CARD.md"), "w") as f:
