@@ -24,6 +24,7 @@ use crate::drafter::{DraftRun, ModelDrafter, NgramDrafter, NgramOptions, SpecDra
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::spec_stats::SpecStats;
+use crate::speculate::RoundOutcome;
 use crate::stats::Stats;
 use crate::stop::{StopMatcher, StopStep};
 use crate::tokenizer::Tokenizer;
@@ -272,6 +273,17 @@ impl<'m> Session<'m> {
         history: &History,
         keys: &mut KeyStream,
     ) -> Result<Array> {
+        Ok(self.step_with_hidden(token, opts, history, keys)?.0)
+    }
+
+    /// [`Session::step`], also returning the forward's hidden row `[1, H]` (lazy).
+    fn step_with_hidden(
+        &mut self,
+        token: &Array,
+        opts: &Options,
+        history: &History,
+        keys: &mut KeyStream,
+    ) -> Result<(Array, Array)> {
         let at = self.caches.first().map_or(0, |c| c.offset());
         let points = RestorePoints::schedule(&mut self.caches, &[at]);
         let hidden = self.model.forward(token, &mut self.caches)?;
@@ -281,7 +293,7 @@ impl<'m> Session<'m> {
         let logits = self.model.unembed(&hidden)?;
         let y = sample_next(&logits, opts, history, &keys.next_key()?)?;
         y.async_eval()?;
-        Ok(y)
+        Ok((y, hidden))
     }
 
     /// Generates a continuation of `prompt`, calling `on_text` with each piece of text.
@@ -502,7 +514,10 @@ impl<'m> Session<'m> {
         let mut depth = DepthController::new(opts.depth);
         let mut stats = SpecStats::new(draft.method());
         let eos = output.eos.clone();
+        let pipelined = opts.pipeline && !opts.sampling.uses_penalties();
         let mut current = seed;
+        // A depth chosen at the end of a plain stretch, for the round it hands over.
+        let mut chosen = None;
         loop {
             if cancel.load(Ordering::Relaxed) {
                 output.result.finish = FinishReason::Cancelled;
@@ -510,7 +525,23 @@ impl<'m> Session<'m> {
             }
             // A round emits up to depth + 1 tokens; never more than the budget.
             let budget = output.max_tokens - output.generated - 1;
-            let k = depth.choose(budget);
+            let k = chosen.take().unwrap_or_else(|| depth.choose(budget));
+            if k == 0 && pipelined {
+                let stretch = PlainStretch {
+                    depth: &mut depth,
+                    stats: &mut stats,
+                    eos: &eos,
+                    cancel,
+                };
+                match self.plain_stretch(draft, current, stretch, opts, history, keys, output)? {
+                    Some((next, k)) => {
+                        current = next;
+                        chosen = Some(k);
+                        continue;
+                    }
+                    None => break,
+                }
+            }
             let round = self.spec_round(draft, current, k, &opts.sampling, history, keys, &eos)?;
             output.first_token();
             depth.record(round.drafted, round.accepted, round.seconds);
@@ -533,6 +564,96 @@ impl<'m> Session<'m> {
         }
         Ok(stats)
     }
+
+    /// Depth-0 rounds of the speculative loop, run as the pipelined plain
+    /// loop: while the controller keeps choosing depth 0, the forward of each
+    /// token is dispatched before the host reads it (one sync per token, the
+    /// host's work overlapping the device's), and every committed token is
+    /// reported to the draft run with its hidden, so drafting can resume at
+    /// any round. A depth-0 round in [`Session::spec_round`] would instead
+    /// wait for each forward before building the next one.
+    ///
+    /// Returns the next round's `current` (emitted, not forwarded) and the
+    /// depth chosen for it, or `None` when generation ended.
+    #[allow(clippy::too_many_arguments)]
+    fn plain_stretch<F: FnMut(&str)>(
+        &mut self,
+        draft: &mut DraftRun<'_, 'm>,
+        current: u32,
+        stretch: PlainStretch<'_>,
+        opts: &GenerateOptions,
+        history: &mut History,
+        keys: &mut KeyStream,
+        output: &mut Output<'_, F>,
+    ) -> Result<Option<(u32, usize)>> {
+        let PlainStretch {
+            depth,
+            stats,
+            eos,
+            cancel,
+        } = stretch;
+        let sampling = &opts.sampling;
+        let pos = self.offset();
+        let cur = Array::from_slice(&[current], &[1])?;
+        let (mut y, hidden) = self.step_with_hidden(&cur, sampling, history, keys)?;
+        draft.committed(&[current], &cur, &hidden, pos)?;
+        self.committed.push(current);
+        let mut t = Instant::now();
+        loop {
+            // The round of `y` (emitted next) at depth 0 is its forward,
+            // dispatched now; any other depth hands `y` over as `current`.
+            let after = output.max_tokens.saturating_sub(output.generated + 2);
+            let more = output.generated + 1 < output.max_tokens && !cancel.load(Ordering::Relaxed);
+            let k = if more { depth.choose(after) } else { 0 };
+            let ahead = if more && k == 0 {
+                Some(self.step_with_hidden(&y, sampling, history, keys)?)
+            } else {
+                None
+            };
+            let id: u32 = y.item()?;
+            output.first_token();
+            let now = Instant::now();
+            let seconds = (now - t).as_secs_f64();
+            t = now;
+            depth.record(0, 0, seconds);
+            stats.record(&RoundOutcome {
+                drafted: 0,
+                accepted: 0,
+                emitted: vec![id],
+                seconds,
+            });
+            if let Some((_, h)) = &ahead {
+                // An end-of-sequence token forwarded ahead is dropped below.
+                if !eos.contains(&id) {
+                    let at = self.committed.len();
+                    draft.committed(&[id], &y, h, at)?;
+                }
+                self.committed.push(id);
+            }
+            history.commit(&[id]);
+            if output.push(id)? == Flow::Done {
+                if ahead.is_some() && output.result.finish == FinishReason::Eos {
+                    let keep = self.committed.len() - 1;
+                    self.points
+                        .restore(&mut self.caches, keep, &self.committed)?;
+                    self.committed.truncate(keep);
+                }
+                return Ok(None);
+            }
+            match ahead {
+                Some((next, _)) => y = next,
+                None => return Ok(Some((id, k))),
+            }
+        }
+    }
+}
+
+/// The speculative loop's bookkeeping that a plain stretch updates.
+struct PlainStretch<'a> {
+    depth: &'a mut DepthController,
+    stats: &'a mut SpecStats,
+    eos: &'a [u32],
+    cancel: &'a AtomicBool,
 }
 
 /// Whether generation goes on after a token.
