@@ -148,6 +148,35 @@ class Family:
     load_export: Callable  # (path, device) -> (model, config)
 
 
+def make_family(base, configs, smoke, build, opt, export, load_export):
+    """A Family whose config for --model NAME is base + configs[NAME] (+ smoke with --smoke)."""
+    def config(model_name, is_smoke):
+        c = dict(base, **configs[model_name])
+        if is_smoke:
+            c.update(smoke)
+        return c
+    return Family(config=config, build=build, opt=opt, export=export, load_export=load_export)
+
+
+def load_weights(model, path, device):
+    """Loads path/model.safetensors (upcast to f32) into model strictly (rope buffers aside); moves it to device."""
+    from safetensors.torch import load_file
+    sd = load_file(os.path.join(path, "model.safetensors"))
+    missing, unexpected = model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+    missing = [k for k in missing if not k.startswith("rope.")]
+    assert not missing and not unexpected, (missing, unexpected)
+    return model.to(device)
+
+
+def main(doc, fam: Family, models, default):
+    """The command line shared by train.py and train_hybrid.py: --model (one of models) and add_train_args."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=models, default=default)
+    add_train_args(ap)
+    run(ap.parse_args(), fam)
+
+
 def add_train_args(ap):
     """Every flag of the training loop except --model (whose choices depend on the family)."""
     ap.add_argument("--data", default=os.path.join(HERE, "data"))

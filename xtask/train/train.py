@@ -28,7 +28,6 @@ Examples:
   python3 xtask/train/train.py --model target --out /tmp/smoke --smoke --steps 20     # CPU smoke test
   python3 xtask/train/train.py --model target --out models/tiny-mtp --eval-only       # re-measure a checkpoint
 """
-import argparse
 import json
 import math
 import os
@@ -258,37 +257,21 @@ def export(model, c, out, data, model_kind):
 
 
 def load_export(path, device):
-    from safetensors.torch import load_file
     cfg = json.load(open(os.path.join(path, "config.json")))
     c = {k: cfg[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                              "num_attention_heads", "num_key_value_heads", "head_dim",
                              "max_position_embeddings", "rms_norm_eps", "rope_theta")}
     c["mtp_num_hidden_layers"] = cfg.get("mtp_num_hidden_layers", 0)
-    m = TinyQwen3(c)
-    sd = load_file(os.path.join(path, "model.safetensors"))
-    missing, unexpected = m.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
-    missing = [k for k in missing if not k.startswith("rope.")]
-    assert not missing and not unexpected, (missing, unexpected)
-    return m.to(device), c
+    return common.load_weights(TinyQwen3(c), path, device), c
 
 
 # ----------------------------------------------------------------------------- train
-def config_for(model_name, smoke):
-    c = dict(COMMON, **CONFIGS[model_name])
-    if smoke:
-        c.update(SMOKE)
-    return c
-
-
-FAMILY = common.Family(config=config_for, build=lambda c: TinyQwen3(c), opt=OPT, export=export,
-                       load_export=load_export)
+FAMILY = common.make_family(COMMON, CONFIGS, SMOKE, build=lambda c: TinyQwen3(c), opt=OPT, export=export,
+                            load_export=load_export)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["target", "draft"], default="target")
-    common.add_train_args(ap)
-    common.run(ap.parse_args(), FAMILY)
+    common.main(__doc__, FAMILY, ["target", "draft"], "target")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ Examples:
   python3 xtask/train/train_hybrid.py --out /tmp/smoke-hybrid --smoke --steps 20 --seq-len 128             # CPU
   python3 xtask/train/train_hybrid.py --out models/tiny-hybrid-mtp --eval-only                             # re-measure
 """
-import argparse
 import math
 import os
 import sys
@@ -38,6 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 from common import EOT_ID  # noqa: E402
+from train import MLP, TinyQwen3, rotate_half  # noqa: E402
 
 CONFIGS = {
     "hybrid": dict(hidden_size=256, num_hidden_layers=6, full_attention_interval=3,
@@ -166,11 +166,6 @@ class GatedRMSNorm(nn.Module):
         return (self.weight * x32.to(dt) * F.silu(z.float())).to(dt)
 
 
-def rotate_half(x):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 class PartialRope(nn.Module):
     """NeoX-style rotary embedding on the first rot = head_dim * partial_rotary_factor dims; the rest pass."""
 
@@ -266,18 +261,6 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(o.reshape(B, T, self.value_dim))
 
 
-class MLP(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        H, I = c["hidden_size"], c["intermediate_size"]
-        self.gate_proj = nn.Linear(H, I, bias=False)
-        self.up_proj = nn.Linear(H, I, bias=False)
-        self.down_proj = nn.Linear(I, H, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, c, kind):
         super().__init__()
@@ -342,28 +325,10 @@ class TinyQwen35(nn.Module):
                 dt = torch.exp(torch.empty(m.nv).uniform_(math.log(1e-3), math.log(1e-1)))
                 m.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
 
-    def lm_head(self, h):
-        return F.linear(h, self.model.embed_tokens.weight)
-
-    def trunk_hidden(self, idx):
-        x = self.model.embed_tokens(idx)
-        for layer in self.model.layers:
-            x = layer(x, self.rope)
-        return self.model.norm(x)
-
-    def forward(self, idx, mtp_next=None):
-        """idx [B,T] -> (trunk logits [B,T,V], MTP logits [B,T,V] or None); as train.TinyQwen3."""
-        h = self.trunk_hidden(idx)  # post-final-norm hidden: what the MTP head consumes
-        logits = self.lm_head(h)
-        mtp_logits = None
-        if self.mtp is not None and mtp_next is not None:
-            e = self.mtp.pre_fc_norm_embedding(self.model.embed_tokens(mtp_next))
-            g = self.mtp.pre_fc_norm_hidden(h)
-            u = self.mtp.fc(torch.cat([e, g], dim=-1))  # embedding first
-            for layer in self.mtp.layers:
-                u = layer(u, self.rope)
-            mtp_logits = self.lm_head(self.mtp.norm(u))
-        return logits, mtp_logits
+    # the same head and forward as train.py's dense model: trunk -> post-final-norm h -> tied LM head,
+    # and the MTP head on (embed(t_{i+1}), h_i)
+    lm_head = TinyQwen3.lm_head
+    forward = TinyQwen3.forward
 
 
 # ----------------------------------------------------------------------------- export
@@ -458,38 +423,22 @@ CONFIG_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_lay
 
 def load_export(path, device):
     import json
-    from safetensors.torch import load_file
     cfg = json.load(open(os.path.join(path, "config.json")))["text_config"]
     c = {k: cfg[k] for k in CONFIG_KEYS}
     c["rope_theta"] = cfg["rope_parameters"]["rope_theta"]
     c["partial_rotary_factor"] = cfg["rope_parameters"]["partial_rotary_factor"]
     c["mtp_num_hidden_layers"] = cfg.get("mtp_num_hidden_layers", 0)
     assert layer_types(c) == cfg["layer_types"], (layer_types(c), cfg["layer_types"])
-    m = TinyQwen35(c)
-    sd = load_file(os.path.join(path, "model.safetensors"))
-    missing, unexpected = m.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
-    missing = [k for k in missing if not k.startswith("rope.")]
-    assert not missing and not unexpected, (missing, unexpected)
-    return m.to(device), c
+    return common.load_weights(TinyQwen35(c), path, device), c
 
 
 # ----------------------------------------------------------------------------- train
-def config_for(model_name, smoke):
-    c = dict(COMMON, **CONFIGS[model_name])
-    if smoke:
-        c.update(SMOKE)
-    return c
-
-
-FAMILY = common.Family(config=config_for, build=lambda c: TinyQwen35(c), opt=OPT, export=export,
-                       load_export=load_export)
+FAMILY = common.make_family(COMMON, CONFIGS, SMOKE, build=lambda c: TinyQwen35(c), opt=OPT, export=export,
+                            load_export=load_export)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["hybrid"], default="hybrid")
-    common.add_train_args(ap)
-    common.run(ap.parse_args(), FAMILY)
+    common.main(__doc__, FAMILY, ["hybrid"], "hybrid")
 
 
 if __name__ == "__main__":
