@@ -6,12 +6,13 @@
 mod common;
 
 use std::cell::Cell;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use kvcache::Cache;
 use mlx_tensor::Array;
 use runner::conversation::Conversation;
+use runner::depth::DepthPolicy;
+use runner::testing::{Arch, Fixture};
 use runner::{FinishReason, GenerateOptions, Model, ModelConfig, SamplingOptions, Session};
 
 /// A model that sets `cancel` when its `at`-th forward starts (counting
@@ -46,8 +47,15 @@ impl Model for CancelAt<'_> {
     }
 }
 
-fn tiny() -> runner::LoadedModel {
-    common::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-mtp"))
+/// A random-weight Qwen3 with an MTP head and a ChatML template.
+fn mtp_fixture() -> (tempfile::TempDir, runner::LoadedModel) {
+    let fx = Fixture {
+        mtp: true,
+        ..Fixture::new(Arch::Qwen3)
+    };
+    let dir = common::write(&fx, 11);
+    let m = common::load(dir.path());
+    (dir, m)
 }
 
 fn opts() -> GenerateOptions {
@@ -56,13 +64,15 @@ fn opts() -> GenerateOptions {
         sampling: SamplingOptions::greedy(),
         // Small chunks, so a prompt is several prefill forwards.
         prefill_chunk: 8,
+        // Random MTP weights: a fixed depth drafts even when drafts do not pay.
+        depth: DepthPolicy::Fixed(3),
         ..GenerateOptions::default()
     }
 }
 
 fn session<'m>(model: &'m dyn Model, speculative: bool) -> Session<'m> {
     if speculative {
-        Session::with_mtp(model).expect("tiny-mtp has an MTP head")
+        Session::with_mtp(model).expect("the fixture has an MTP head")
     } else {
         Session::new(model)
     }
@@ -80,7 +90,7 @@ enum At {
 /// Runs turn 1 cancelled `at`, then turn 2, and compares turn 2 with a cold
 /// session on the same prompt.
 fn check(speculative: bool, at: At) {
-    let m = tiny();
+    let (_dir, m) = mtp_fixture();
     let cancel = AtomicBool::new(false);
     let model = CancelAt {
         inner: m.model.as_ref(),
@@ -92,7 +102,7 @@ fn check(speculative: bool, at: At) {
         forwards: Cell::new(0),
     };
     let mut chat = Conversation::new(session(&model, speculative), &m.tokenizer, None, 0).unwrap();
-    let long = "Write a long story about a lighthouse keeper and the sea. ".repeat(3);
+    let long = "Write a long story about a lighthouse keeper and the sea. ".repeat(2);
     let mut pieces = 0;
     let t1 = chat
         .say(&long, &opts(), &cancel, |_| {
