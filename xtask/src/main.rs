@@ -15,6 +15,7 @@ mod machine;
 mod python;
 mod report;
 mod setup;
+mod soak;
 mod split;
 
 use std::process::ExitCode;
@@ -31,6 +32,7 @@ commands:
                      JSON lines on stdout; `bench list` lists them, `bench --merge F.json`
   gpu-check [...]    parity and losslessness checks on a GPU (exit 3: no GPU); docs/gpu.md
   gpu-bundle [...]   binaries + MLX CUDA for the H200 machine, in parts, with gpu.sh
+  soak [...]         chat turns with MTP until 20,000 tokens; memory JSON summary
   setup [--python]   install missing system prerequisites (OpenBLAS); --python also makes
                      the reference-tools venv
   train-tiny [...]   python3 xtask/train/train.py [...]
@@ -64,6 +66,7 @@ fn run() -> Result<()> {
         "gpu-check" => gpu_check::run(rest),
         "gpu-bundle" => gpu_bundle::run(rest),
         "setup" => setup::run(rest),
+        "soak" => soak::run(rest),
         "train-tiny" => python::run_script("train.py", rest),
         "ref-check" => python::run_script("ref_check.py", rest),
         "help" | "-h" | "--help" => {
