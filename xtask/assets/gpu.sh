@@ -2,8 +2,8 @@
 # gpu.sh: runs mtp-runner's GPU checks and benchmarks on a Linux NVIDIA machine without Rust.
 #
 # Made by `cargo xtask gpu-bundle`, which puts a copy of this script, MANIFEST and SHA256SUMS in
-# every part folder (p1, p2, ...) beside one chunk of bundle.tar.xz. Run from the repository root
-# (the models travel with the working tree):
+# every part folder (p1, p2, ...) beside one chunk of bundle.tar.xz. The bundle carries its own
+# repository root ($MTP_DEST/root: the models, the CPU reference, the mlx-lm scripts, from HEAD).
 #   bash .gpu/bundle/pN/gpu.sh stage   copy this part's chunk into $MTP_STAGE (default /tmp/stage), checked
 #   bash .gpu/bundle/pN/gpu.sh run     setup + check + bench (all chunks must be staged)
 #   bash .gpu/bundle/pN/gpu.sh setup   join and unpack: binaries, libs, MLX CUDA + mlx + mlx-lm into $MTP_SP
@@ -66,7 +66,7 @@ env_for_run() {
   export LD_LIBRARY_PATH="$SP/mlx/lib:$DEST/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export PYTHONPATH="$SP${PYTHONPATH:+:$PYTHONPATH}"
   export MLX_PTX_CACHE_DIR=${MLX_PTX_CACHE_DIR:-/tmp/ptxcache}
-  export MTP_ROOT=$PWD MTP_GIT_COMMIT=$COMMIT MTP_BIN_DIR=$DEST/bin MTP_PYTHON=python3
+  export MTP_ROOT=$DEST/root MTP_GIT_COMMIT=$COMMIT MTP_BIN_DIR=$DEST/bin MTP_PYTHON=python3
   export PYTHONUNBUFFERED=1
 }
 

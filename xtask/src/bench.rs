@@ -286,7 +286,14 @@ fn decode(args: &[String]) -> Result<Vec<Value>> {
 /// the draft-model ratio ours/theirs.
 fn spec(args: &[String]) -> Result<Vec<Value>> {
     let user_model = args.iter().any(|a| a == "--model");
-    let args = with_default_model(args);
+    let mut args = with_default_model(args);
+    if !args.iter().any(|a| a == "--draft-model") {
+        // Named explicitly: spec-bench's own default is a path on the build machine.
+        args.extend([
+            "--draft-model".to_owned(),
+            cmd::root().join("models/tiny-draft").display().to_string(),
+        ]);
+    }
     let ours = lines(&capture(SPEC_BENCH, &args)?);
     let mut rows = ours.clone();
     if !user_model {
@@ -385,7 +392,7 @@ fn quantized_rows(args: &[String]) -> Result<Vec<Value>> {
         while let Some(a) = it.next() {
             match a.as_str() {
                 // The model, methods and depths are this row set's own.
-                "--model" | "--methods" | "--depths" => {
+                "--model" | "--methods" | "--depths" | "--draft-model" => {
                     it.next();
                 }
                 _ => q_args.push(a.clone()),

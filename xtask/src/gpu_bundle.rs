@@ -7,7 +7,9 @@
 //! `mlx_cuda_13.libs` (what the runtime JIT needs, ../shared/reference/mlx-cuda.md
 //! §1), plus the `mlx` Python bindings and `mlx-lm` for the same-weights race.
 //! All of it goes into one `bundle.tar.xz`, cut into `p1 .. pN` folders of at
-//! most `--part-mib` each with `gpu.sh`; the models travel with the working tree.
+//! most `--part-mib` each with `gpu.sh`. The models, the CPU reference and the
+//! mlx-lm scripts travel inside the bundle too (from HEAD, in `root/`), so the
+//! run does not depend on the working tree that travels with each call.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -53,6 +55,15 @@ const CUDA_KEEP: &[&str] = &[
 
 /// Libraries our binaries need that a bare Ubuntu with torch may lack (sonames from `ldd`).
 const EXTRA_LIBS: &[&str] = &["libopenblas.so.0", "libgfortran.so.5", "libquadmath.so.0"];
+
+/// What the run reads from the repository, taken from HEAD.
+const ROOT_FILES: &[&str] = &[
+    "models/tiny-mtp",
+    "models/tiny-draft",
+    "xtask/assets/gpu-reference.json",
+    "crates/runner/examples/mlx_lm_decode.py",
+    "crates/runner/examples/mlx_lm_spec.py",
+];
 
 /// The device tool's limit on what one call carries, working tree included.
 const CALL_LIMIT: u64 = 64 << 20;
@@ -101,6 +112,8 @@ pub fn run(args: &[String]) -> Result<()> {
     fetch_wheels(&wheels)?;
     if build {
         bins::build_all()?;
+    } else {
+        bins::assume_built();
     }
     let stage = out.join("stage");
     let _ = std::fs::remove_dir_all(&out);
@@ -110,14 +123,17 @@ pub fn run(args: &[String]) -> Result<()> {
     for b in bins::ALL {
         strip(&bins::path(*b)?, &stage.join("bin").join(b.name))?;
     }
-    strip(
-        &std::env::current_exe().context("finding the running xtask")?,
-        &stage.join("bin/xtask"),
-    )?;
+    // This very binary; /proc/self/exe stays readable even when a concurrent
+    // `cargo xtask` has replaced the file on disk meanwhile.
+    let me = out.join("xtask.unstripped");
+    std::fs::copy("/proc/self/exe", &me).context("copying the running xtask")?;
+    strip(&me, &stage.join("bin/xtask"))?;
+    std::fs::remove_file(&me)?;
     copy_extra_libs(&bins::path(bins::MTP_RUNNER)?, &stage.join("lib"))?;
     unpack_wheels(&wheels, &out.join("unpacked"), &stage.join("sp"))?;
     let commit = crate::machine::commit();
     std::fs::write(stage.join("COMMIT"), format!("{commit}\n"))?;
+    committed_files(&root, &stage.join("root"))?;
 
     let tarball = out.join("bundle.tar.xz");
     cmd::run(
@@ -236,6 +252,33 @@ fn tree_bytes(root: &Path) -> Result<u64> {
         .filter_map(|p| std::fs::symlink_metadata(root.join(p)).ok())
         .map(|m| m.len())
         .sum())
+}
+
+/// The committed (HEAD) [`ROOT_FILES`] into `dest`, the repository root `gpu.sh`
+/// runs in: the run needs nothing from the working tree, whose models may be
+/// absent (or too large to travel beside a part).
+fn committed_files(root: &Path, dest: &Path) -> Result<()> {
+    std::fs::create_dir_all(dest)?;
+    let archive = dest.join("files.tar");
+    cmd::run(
+        "git archive",
+        Command::new("git")
+            .current_dir(root)
+            .args(["archive", "--format=tar", "-o"])
+            .arg(&archive)
+            .arg("HEAD")
+            .args(ROOT_FILES),
+    )?;
+    cmd::run(
+        "untar",
+        Command::new("tar")
+            .arg("-C")
+            .arg(dest)
+            .arg("-xf")
+            .arg(&archive),
+    )?;
+    std::fs::remove_file(&archive)?;
+    Ok(())
 }
 
 /// Adds `/.gpu/` to `.git/info/exclude` (not `.gitignore`) when missing.
