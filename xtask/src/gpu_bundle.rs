@@ -202,12 +202,20 @@ fn report(root: &Path, rel: &Path, dirs: &[PathBuf], total: u64, commit: &str) -
         mib(tree + worst),
         mib(CALL_LIMIT)
     );
-    if tree + worst > CALL_LIMIT {
+    if tree + split::PART_OVERHEAD >= CALL_LIMIT {
+        println!(
+            "WARNING: the working tree alone ({:.1} MiB) exceeds the device call's {:.0} MiB: every call \
+             will be refused until the tree is smaller (the bundle carries its own models, so the \
+             run needs none of models/ from the tree).",
+            mib(tree),
+            mib(CALL_LIMIT)
+        );
+    } else if tree + worst > CALL_LIMIT {
         println!(
             "WARNING: tree + part exceeds the device call's {:.0} MiB: the call will be refused. \
-             Shrink --part-mib to {:.1} or less (more calls), or make the tree smaller.",
+             Rerun with --part-mib {} or less (more calls), or make the tree smaller.",
             mib(CALL_LIMIT),
-            mib(CALL_LIMIT.saturating_sub(tree + split::PART_OVERHEAD))
+            (CALL_LIMIT - tree - split::PART_OVERHEAD) >> 20
         );
     }
     println!(
