@@ -261,6 +261,10 @@ impl<'m> Session<'m> {
             }
             last = Some(hidden);
         }
+        if !tokens.is_empty() {
+            // The end of a prompt: the next chat turn's prompt extends it.
+            self.points.mark_anchor();
+        }
         self.offset();
         Ok(last)
     }
@@ -351,7 +355,7 @@ impl<'m> Session<'m> {
     #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
-        drafter: Option<&mut SpecDrafter<'m>>,
+        mut drafter: Option<&mut SpecDrafter<'m>>,
         tok: &Tokenizer,
         prompt: &[u32],
         max_tokens: usize,
@@ -364,10 +368,11 @@ impl<'m> Session<'m> {
         let (body, seed) = prompt.split_at(prompt.len() - 1);
         // An MTP session re-runs its last committed token: the hidden there
         // completes the draft caches' open boundary pair with the first new
-        // token (at least one token is always re-evaluated).
+        // token (at least one token is always re-evaluated). Recurrent layers
+        // without a point there replay from the nearest one below.
         let mut body = body.to_vec();
-        if let (Some(SpecDrafter::Mtp(d)), Some(&last)) =
-            (drafter.as_deref(), self.committed.last())
+        if let (Some(SpecDrafter::Mtp(d)), false) =
+            (drafter.as_deref_mut(), self.committed.is_empty())
         {
             let keep = self.committed.len() - 1;
             let draft_offset = d.head().cache_offset().unwrap_or(keep);
@@ -375,10 +380,9 @@ impl<'m> Session<'m> {
                 draft_offset <= keep,
                 "draft caches at {draft_offset} past the boundary slot {keep}"
             );
-            self.points
-                .restore(&mut self.caches, keep, &self.committed)?;
-            self.committed.truncate(keep);
-            body.insert(0, last);
+            let replay = self.rewind_target(keep)?;
+            crate::reuse::rewind_draft(d.head_mut().caches_mut(), self.committed.len())?;
+            body.splice(0..0, replay);
         }
         let mut draft = match drafter {
             Some(d) => Some(d.open(&self.committed)?),
