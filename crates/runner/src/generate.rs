@@ -477,12 +477,7 @@ impl<'m> Session<'m> {
             history.commit(&[id]);
             if output.push(id)? == Flow::Done {
                 if ahead.is_some() && output.result.finish == FinishReason::Eos {
-                    // The step ahead already forwarded the end-of-sequence token:
-                    // drop it, so neither loop ever leaves an EOS in the caches.
-                    let keep = self.committed.len() - 1;
-                    self.points
-                        .restore(&mut self.caches, keep, &self.committed)?;
-                    self.committed.truncate(keep);
+                    self.drop_forwarded_eos()?;
                 }
                 break;
             }
@@ -569,6 +564,16 @@ impl<'m> Session<'m> {
         Ok(stats)
     }
 
+    /// A step ahead already forwarded the end-of-sequence token (the last
+    /// committed one): drop it, so no loop ever leaves an EOS in the caches.
+    fn drop_forwarded_eos(&mut self) -> Result<()> {
+        let keep = self.committed.len() - 1;
+        self.points
+            .restore(&mut self.caches, keep, &self.committed)?;
+        self.committed.truncate(keep);
+        Ok(())
+    }
+
     /// Depth-0 rounds of the speculative loop, run as the pipelined plain
     /// loop: while the controller keeps choosing depth 0, the forward of each
     /// token is dispatched before the host reads it (one sync per token, the
@@ -637,10 +642,7 @@ impl<'m> Session<'m> {
             history.commit(&[id]);
             if output.push(id)? == Flow::Done {
                 if ahead.is_some() && output.result.finish == FinishReason::Eos {
-                    let keep = self.committed.len() - 1;
-                    self.points
-                        .restore(&mut self.caches, keep, &self.committed)?;
-                    self.committed.truncate(keep);
+                    self.drop_forwarded_eos()?;
                 }
                 return Ok(None);
             }
