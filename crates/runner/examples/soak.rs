@@ -4,7 +4,8 @@
 //!
 //! `cargo run --release -p runner --example soak -- [--model DIR] [--tokens N]
 //! [--turn-tokens N] [--cycle-tokens N] [--prefix-cache-mib N] [--temperature T]
-//! [--warmup-cycles N] [--draft-tokens N]`
+//! [--warmup-cycles N] [--draft-tokens N]` (with `SOAK_SAMPLES=1`, one JSON
+//! line per turn first)
 //! (or `cargo xtask soak`). The conversation starts over (`reset`) once its
 //! prompt passes `--cycle-tokens`, so it never reaches the context; the
 //! first `--warmup-cycles` cycles, and at least the turns until the prefix
@@ -287,6 +288,11 @@ fn parse(args: impl Iterator<Item = String>) -> Result<SoakOptions, Box<dyn std:
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let o = parse(std::env::args().skip(1))?;
     let s = soak(&o)?;
+    if std::env::var_os("SOAK_SAMPLES").is_some() {
+        for x in &s.samples {
+            println!("{}", serde_json::to_string(x)?);
+        }
+    }
     println!("{}", serde_json::to_string(&s)?);
     mlx_tensor::exit_now(0)
 }
