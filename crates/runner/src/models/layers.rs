@@ -150,8 +150,12 @@ const CHUNK_ELEMENTS: usize = 1_000_000;
 
 /// Row views of a `[out, in]` weight, each transposed to `[in, rows]`, sized so
 /// that a single-row matmul takes BLAS's unpacked path; empty when one
-/// matmul already does (the views share the weight's buffer).
+/// matmul already does (the views share the weight's buffer). Empty on a GPU
+/// default device too: there a chunk is one more kernel launch and buys nothing.
 fn row_chunks(weight: &Array) -> mlx_tensor::Result<Vec<Array>> {
+    if mlx_tensor::default_device() == mlx_tensor::Device::Gpu {
+        return Ok(Vec::new());
+    }
     let (out, input) = (weight.dim(0) as usize, weight.dim(1) as usize);
     let rows = CHUNK_OUT.min(CHUNK_ELEMENTS / input.max(1)).max(64);
     if out <= rows {
