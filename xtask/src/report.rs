@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use serde_json::Value;
 
@@ -383,27 +384,40 @@ fn plot_depth(spec: &[&Value], path: &Path, g: &Group<'_>) -> Result<()> {
         }
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         let label = if *m == "off" { "plain" } else { m };
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(pe)?
-            .label(label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))
-            .map_err(pe)?;
+        line(&mut chart, &pts, color, label)?;
     }
+    legend(&mut chart, SeriesLabelPosition::LowerRight)?;
+    area.present().map_err(pe)?;
+    Ok(())
+}
+
+/// The chart type of every plot here.
+type Chart<'a, 'b> =
+    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// A labelled line through `pts` with a dot on each point.
+fn line(chart: &mut Chart<'_, '_>, pts: &[(f64, f64)], color: RGBColor, label: &str) -> Result<()> {
+    chart
+        .draw_series(LineSeries::new(pts.to_vec(), color.stroke_width(2)))
+        .map_err(pe)?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    chart
+        .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))
+        .map_err(pe)?;
+    Ok(())
+}
+
+/// The series legend, boxed, at `pos`.
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>, pos: SeriesLabelPosition) -> Result<()> {
     chart
         .configure_series_labels()
         .label_font(("sans-serif", 14))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
+        .position(pos)
         .draw()
-        .map_err(pe)?;
-    area.present().map_err(pe)?;
-    Ok(())
+        .map_err(pe)
 }
 
 /// Acceptance rate at each draft position (depth 4 rows); false when there are none.
@@ -447,24 +461,9 @@ fn plot_acceptance(spec: &[&Value], path: &Path, g: &Group<'_>) -> Result<bool> 
             .enumerate()
             .map(|(k, &y)| (k as f64 + 1.0, y))
             .collect();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(pe)?
-            .label(name.as_str())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))
-            .map_err(pe)?;
+        line(&mut chart, &pts, color, name)?;
     }
-    chart
-        .configure_series_labels()
-        .label_font(("sans-serif", 14))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(pe)?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     area.present().map_err(pe)?;
     Ok(true)
 }
@@ -510,13 +509,7 @@ fn plot_race(race: &[(String, f64, f64)], path: &Path, g: &Group<'_>) -> Result<
             .label(label)
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], color.filled()));
     }
-    chart
-        .configure_series_labels()
-        .label_font(("sans-serif", 14))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(pe)?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     area.present().map_err(pe)?;
     Ok(())
 }
