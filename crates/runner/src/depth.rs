@@ -1,16 +1,28 @@
 //! Choosing the draft depth per round: fixed, or the depth that maximises
 //! expected committed tokens per second.
 //!
-//! After a round that drafted `k` tokens and accepted `a`, position `i ≤ k`
-//! counts as drafted and, when `i ≤ a`, as accepted; the round's wall time is
-//! the cost of depth `k`. Both are exponential moving averages, so the choice
-//! follows the text as it changes. With per-position acceptance `α_i` the
-//! expected tokens of a depth-`k` round are `1 + Σ_{i≤k} Π_{j≤i} α_j` (the
-//! bonus or replacement token is always emitted); the controller picks the
-//! `k` with the most expected tokens per second of measured (or, for a depth
-//! not yet tried, extrapolated) cost. Depth 0 is plain decoding; while at 0 it
-//! probes one depth deeper than the best now and then, so stale estimates
-//! (a depth that once looked bad, or plain decoding) get refreshed.
+//! The auto controller keeps two models. [`Acceptance`]: the conditional
+//! rate `a_i` of each draft position (accepted given that drafts `1..i` were),
+//! from decayed counts of the rounds that reached it, so it follows the text.
+//! [`CostModel`]: the median of the recent wall times of each depth, and a
+//! least-squares line `c0 + c1·d` through the drafting depths, so a depth not
+//! yet tried is extrapolated rather than assumed bad. Depth 0 is the pipelined
+//! plain loop, measured on its own. Each round takes
+//! `argmax_d E[committed | d] / cost(d)` with
+//! `E[committed | d] = 1 + Σ_{j≤d} Π_{i≤j} a_i` (the bonus or replacement
+//! token always commits), so speculation switches itself off when it does not
+//! pay. Every few rounds it probes a neighbour of the best depth (one deeper,
+//! then one shallower) so stale estimates get refreshed; the interval doubles
+//! while probes leave the choice alone and resets when the choice moves.
+//! Each decision is logged at `debug` level (target `runner::depth`).
+
+mod acceptance;
+mod cost;
+#[cfg(test)]
+mod sim;
+
+use acceptance::{Acceptance, expected_committed};
+use cost::CostModel;
 
 /// How deep to draft.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,45 +42,60 @@ impl Default for DepthPolicy {
     }
 }
 
-/// Weight of the newest observation in the cost averages.
-const DECAY: f64 = 0.1;
-/// Per-round decay of the acceptance counts (a window of about 30 rounds).
-const COUNT_DECAY: f64 = 0.97;
-/// Acceptance assumed for a position before it was drafted, and its weight
-/// in rounds: one unlucky round must not rule a depth out for good.
-const PRIOR_ACCEPT: f64 = 0.6;
-const PRIOR_WEIGHT: f64 = 2.0;
-/// Rounds between probes of the depth one deeper than the best.
-const PROBE_EVERY: u64 = 16;
-/// Rounds whose wall time is not used (first-use allocations and caches).
-const WARMUP_ROUNDS: u64 = 2;
+/// The drafting depth measured first (capped by the policy's max).
+const SEED_DEPTH: usize = 2;
+/// Rounds measured at the seed depth, then at depth 0, before modelling:
+/// a median of three survives one stalled round.
+const SEED_ROUNDS: usize = 3;
+/// Rounds between probes right after the choice moved, and the cap the
+/// interval doubles up to while probes leave it alone.
+const PROBE_MIN: u64 = 8;
+const PROBE_MAX: u64 = 64;
+
+/// Why a depth was chosen (logged with each decision).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reason {
+    Fixed,
+    Seed,
+    Best,
+    Probe,
+}
 
 /// The per-request depth controller.
 #[derive(Debug, Clone)]
 pub struct DepthController {
     policy: DepthPolicy,
-    /// `accept[i]`: decayed (accepted, drafted) counts of draft position `i + 1`.
-    accept: Vec<(f64, f64)>,
-    /// `cost[k]`: moving wall time in seconds of a depth-`k` round.
-    cost: Vec<Option<f64>>,
-    rounds_since_probe: u64,
-    /// Rounds recorded so far; the first ones pay one-off set-up costs.
-    recorded: u64,
+    acceptance: Acceptance,
+    cost: CostModel,
+    /// The depth with the best modelled throughput at the last decision.
+    best: usize,
+    /// Rounds since the last probe, and the rounds to wait for the next.
+    since_probe: u64,
+    probe_every: u64,
+    /// Whether the next probe goes one deeper (else one shallower).
+    probe_up: bool,
 }
 
 impl DepthController {
     /// A controller for `policy`.
     pub fn new(policy: DepthPolicy) -> DepthController {
+        DepthController::with_window(policy, cost::WINDOW)
+    }
+
+    /// A controller whose cost medians span the newest `window` rounds per depth.
+    fn with_window(policy: DepthPolicy, window: usize) -> DepthController {
         let max = match policy {
             DepthPolicy::Fixed(n) => n,
             DepthPolicy::Auto { max } => max,
         };
         DepthController {
             policy,
-            accept: vec![(0.0, 0.0); max],
-            cost: vec![None; max + 1],
-            rounds_since_probe: 0,
-            recorded: 0,
+            acceptance: Acceptance::new(max),
+            cost: CostModel::new(max, window),
+            best: 0,
+            since_probe: 0,
+            probe_every: PROBE_MIN,
+            probe_up: true,
         }
     }
 
@@ -77,94 +104,113 @@ impl DepthController {
         self.policy
     }
 
-    /// Per-position acceptance estimates (prior where unmeasured).
+    /// Conditional acceptance estimates `a_1, a_2, ...` (the prior where unmeasured).
     pub fn acceptance(&self) -> Vec<f64> {
-        self.accept
-            .iter()
-            .map(|&(hit, n)| (hit + PRIOR_ACCEPT * PRIOR_WEIGHT) / (n + PRIOR_WEIGHT))
-            .collect()
+        self.acceptance.rates()
     }
 
-    /// Expected emitted tokens of a depth-`k` round.
+    /// Expected committed tokens of a depth-`k` round (`k` at most the policy's max).
     pub fn expected_tokens(&self, k: usize) -> f64 {
-        let mut total = 1.0;
-        let mut run = 1.0;
-        for a in self.acceptance().into_iter().take(k) {
-            run *= a;
-            total += run;
-        }
-        total
+        expected_committed(&self.acceptance.rates())[k]
     }
 
-    /// Cost estimate of a depth-`k` round: measured, else a line through the
-    /// measured depths (or, with only one, a verify that costs 25% more per token).
-    fn cost_of(&self, k: usize) -> Option<f64> {
-        if let Some(c) = self.cost[k] {
-            return Some(c);
-        }
-        let known: Vec<(f64, f64)> = self
-            .cost
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| c.map(|c| (i as f64, c)))
-            .collect();
-        match known.as_slice() {
-            [] => None,
-            [(k0, c0)] => Some(c0 * (1.0 + 0.25 * (k as f64 - k0)).max(0.1)),
-            _ => {
-                let n = known.len() as f64;
-                let mx = known.iter().map(|p| p.0).sum::<f64>() / n;
-                let my = known.iter().map(|p| p.1).sum::<f64>() / n;
-                let sxy: f64 = known.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-                let sxx: f64 = known.iter().map(|p| (p.0 - mx).powi(2)).sum();
-                let slope = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
-                Some((my + slope * (k as f64 - mx)).max(my * 0.1))
-            }
-        }
+    /// The modelled wall time in seconds of a depth-`k` round, if anything was measured.
+    pub fn cost(&self, k: usize) -> Option<f64> {
+        self.cost.cost(k)
+    }
+
+    /// Modelled tokens per second of each depth `0..=max` (`None` before any timing).
+    pub fn throughput(&self) -> Vec<Option<f64>> {
+        let e = expected_committed(&self.acceptance.rates());
+        self.cost
+            .costs()
+            .into_iter()
+            .zip(e)
+            .map(|(c, e)| c.map(|c| e / c))
+            .collect()
     }
 
     /// The depth for the next round, at most `budget` (tokens the request may still add minus one).
     pub fn choose(&mut self, budget: usize) -> usize {
-        let k = match self.policy {
-            DepthPolicy::Fixed(n) => n,
-            DepthPolicy::Auto { max } => {
-                // Measure one drafted and one plain round before modelling.
-                let warm = max.min(3);
-                if self.cost[warm].is_none() {
-                    warm
-                } else if self.cost[0].is_none() {
-                    0
-                } else {
-                    let best = (0..=max)
-                        .filter_map(|k| self.cost_of(k).map(|c| (k, self.expected_tokens(k) / c)))
-                        .fold((0, f64::MIN), |b, x| if x.1 > b.1 { x } else { b })
-                        .0;
-                    self.rounds_since_probe += 1;
-                    if self.rounds_since_probe >= PROBE_EVERY && best < max {
-                        // Now and then try one deeper: its cost and acceptance
-                        // estimates would otherwise never be refreshed.
-                        self.rounds_since_probe = 0;
-                        best + 1
-                    } else {
-                        best
-                    }
-                }
-            }
+        let (k, reason) = match self.policy {
+            DepthPolicy::Fixed(n) => (n, Reason::Fixed),
+            DepthPolicy::Auto { max } => self.choose_auto(max),
         };
-        k.min(budget)
+        let k = k.min(budget);
+        if reason != Reason::Fixed && tracing::enabled!(tracing::Level::DEBUG) {
+            self.log(k, reason);
+        }
+        k
+    }
+
+    fn choose_auto(&mut self, max: usize) -> (usize, Reason) {
+        let seed = SEED_DEPTH.min(max);
+        if self.cost.count(seed) < SEED_ROUNDS {
+            return (seed, Reason::Seed);
+        }
+        if self.cost.count(0) < SEED_ROUNDS {
+            return (0, Reason::Seed);
+        }
+        let best = self
+            .throughput()
+            .into_iter()
+            .enumerate()
+            .filter_map(|(k, t)| t.map(|t| (k, t)))
+            .fold((0, f64::MIN), |b, x| if x.1 > b.1 { x } else { b })
+            .0;
+        if best != self.best {
+            self.best = best;
+            self.probe_every = PROBE_MIN;
+            self.since_probe = 0;
+        }
+        self.since_probe += 1;
+        if self.since_probe < self.probe_every {
+            return (best, Reason::Best);
+        }
+        // Probe a neighbour: one deeper refreshes the acceptance of the next
+        // position, one shallower the cost of cheaper rounds. Until the choice
+        // moves, each probe waits twice as long as the last.
+        self.since_probe = 0;
+        self.probe_every = (self.probe_every * 2).min(PROBE_MAX);
+        let up = (self.probe_up || best == 0) && best < max;
+        self.probe_up = !up;
+        match (up, best) {
+            (true, _) => (best + 1, Reason::Probe),
+            (false, 0) => (best, Reason::Best),
+            (false, _) => (best - 1, Reason::Probe),
+        }
+    }
+
+    fn log(&self, k: usize, reason: Reason) {
+        let ms = |x: Option<f64>| x.map_or(f64::NAN, |c| (c * 1e5).round() / 100.0);
+        let costs: Vec<f64> = self.cost.costs().into_iter().map(ms).collect();
+        let tps: Vec<f64> = self
+            .throughput()
+            .into_iter()
+            .map(|t| t.map_or(f64::NAN, |t| t.round()))
+            .collect();
+        let acceptance: Vec<f64> = self
+            .acceptance
+            .rates()
+            .iter()
+            .map(|a| (a * 1000.0).round() / 1000.0)
+            .collect();
+        tracing::debug!(
+            depth = k,
+            reason = ?reason,
+            best = self.best,
+            probe_every = self.probe_every,
+            cost_ms = ?costs,
+            tokens_per_s = ?tps,
+            acceptance = ?acceptance,
+            "draft depth"
+        );
     }
 
     /// Records a finished round: `drafted` tokens proposed, `accepted` kept, `seconds` of wall time.
     pub fn record(&mut self, drafted: usize, accepted: usize, seconds: f64) {
-        let ema = |old: Option<f64>, x: f64| Some(old.map_or(x, |o| o + DECAY * (x - o)));
-        for (i, (hit, n)) in self.accept.iter_mut().enumerate().take(drafted) {
-            *hit = *hit * COUNT_DECAY + if i < accepted { 1.0 } else { 0.0 };
-            *n = *n * COUNT_DECAY + 1.0;
-        }
-        self.recorded += 1;
-        if self.recorded > WARMUP_ROUNDS && drafted < self.cost.len() {
-            self.cost[drafted] = ema(self.cost[drafted], seconds);
-        }
+        self.acceptance.observe(drafted, accepted);
+        self.cost.observe(drafted, seconds);
     }
 }
 
@@ -181,57 +227,53 @@ mod tests {
     }
 
     #[test]
-    fn expected_tokens_follow_the_chain_rule() {
-        let mut d = DepthController::new(DepthPolicy::Auto { max: 3 });
-        // Position 1 always accepted, position 2 never: E(2) → 1 + 1 + 0 as
-        // the prior's weight fades against ~33 decayed rounds.
-        for _ in 0..400 {
-            d.record(2, 1, 0.01);
+    fn auto_seeds_at_depth_two_then_plain() {
+        let mut d = DepthController::new(DepthPolicy::Auto { max: 6 });
+        let mut picks = Vec::new();
+        for _ in 0..2 * SEED_ROUNDS {
+            let k = d.choose(100);
+            picks.push(k);
+            d.record(k, k, 0.01);
         }
-        let e = d.expected_tokens(2);
-        assert!((e - 2.0).abs() < 0.06, "E(2) = {e}");
-        // Position 3 never drafted: its prior multiplies a near-zero product.
-        assert!((d.expected_tokens(3) - e).abs() < 0.05);
+        assert_eq!(picks, [2, 2, 2, 0, 0, 0]);
     }
 
     #[test]
-    fn one_rejection_does_not_rule_a_position_out() {
-        let mut d = DepthController::new(DepthPolicy::Auto { max: 2 });
-        d.record(2, 1, 0.01);
-        let a = d.acceptance();
-        assert!(a[1] > 0.3, "position 2 after one miss: {a:?}");
+    fn an_unmeasured_deeper_depth_is_tried_when_the_model_favours_it() {
+        let mut d = DepthController::new(DepthPolicy::Auto { max: 6 });
+        // Seeding: every draft accepted, depth 2 barely dearer than plain.
+        for k in [2, 2, 2, 0, 0, 0] {
+            assert_eq!(d.choose(100), k);
+            d.record(k, k, if k == 0 { 0.010 } else { 0.011 });
+        }
+        let next = d.choose(100);
+        assert!(next > 2, "extrapolation should go deeper, chose {next}");
     }
 
     #[test]
-    fn auto_prefers_drafting_when_acceptance_is_high_and_verify_is_cheap() {
+    fn a_budget_caps_an_auto_choice() {
+        let mut d = DepthController::new(DepthPolicy::Auto { max: 6 });
+        assert_eq!(d.choose(1), 1);
+    }
+
+    #[test]
+    fn a_single_stall_does_not_move_the_choice() {
         let mut d = DepthController::new(DepthPolicy::Auto { max: 4 });
         for k in 0..=4 {
-            for _ in 0..50 {
-                // Verify of k+1 tokens costs 10 ms + 1 ms per draft; everything accepted.
+            for _ in 0..cost::WINDOW {
                 d.record(k, k, 0.010 + 0.001 * k as f64);
             }
         }
-        assert_eq!(d.choose(100), 4);
-    }
-
-    #[test]
-    fn auto_falls_back_to_plain_when_nothing_is_accepted() {
-        let mut d = DepthController::new(DepthPolicy::Auto { max: 4 });
-        for k in 0..=4 {
-            for _ in 0..50 {
-                d.record(k, 0, 0.010 + 0.004 * k as f64);
-            }
-        }
-        let picks: Vec<usize> = (0..PROBE_EVERY).map(|_| d.choose(100)).collect();
-        assert_eq!(
-            picks.iter().filter(|&&k| k == 0).count() as u64,
-            PROBE_EVERY - 1,
-            "{picks:?}"
-        );
-        assert_eq!(
-            *picks.last().unwrap(),
-            1,
-            "the probe tries depth 1: {picks:?}"
-        );
+        let before = d.throughput();
+        // A 100x stall at the best depth.
+        d.record(4, 4, 1.0);
+        let after = d.throughput();
+        let best = |t: &[Option<f64>]| {
+            (0..t.len())
+                .max_by(|&a, &b| t[a].unwrap().total_cmp(&t[b].unwrap()))
+                .unwrap()
+        };
+        assert_eq!(best(&before), 4);
+        assert_eq!(best(&after), 4, "{after:?}");
     }
 }

@@ -1,0 +1,197 @@
+//! The cost of a round per draft depth: medians of recent wall times, and a
+//! line `c0 + c1·d` through the drafting depths so unseen depths are
+//! extrapolated.
+//!
+//! Depth 0 runs the pipelined plain loop (the next forward is dispatched
+//! before the host reads the current token), so it is its own measurement and
+//! not a point of the line: a drafted round always waits for its forward.
+
+use std::collections::VecDeque;
+
+/// Wall times kept per depth. The median of a window shrugs off a stall of
+/// the shared host; a short window follows a load that changes.
+pub(crate) const WINDOW: usize = 9;
+/// Extra cost of one draft depth as a fraction of the cost of a plain step,
+/// assumed until two depths are measured: a draft-head step plus one more
+/// row in the verify forward.
+const PRIOR_SLOPE: f64 = 0.2;
+/// Weight of that prior slope against the measured spread of depths
+/// (in samples × depth²): about one sample one depth away.
+const PRIOR_SLOPE_WEIGHT: f64 = 1.0;
+
+/// Recent round wall times per depth.
+#[derive(Debug, Clone)]
+pub(crate) struct CostModel {
+    /// `samples[d]`: the newest wall times of depth-`d` rounds in seconds, oldest first.
+    samples: Vec<VecDeque<f64>>,
+    window: usize,
+}
+
+impl CostModel {
+    /// No samples for depths `0..=max`, keeping the newest `window` per depth.
+    pub(crate) fn new(max: usize, window: usize) -> CostModel {
+        assert!(window > 0, "cost window {window}");
+        CostModel {
+            samples: vec![VecDeque::with_capacity(window); max + 1],
+            window,
+        }
+    }
+
+    /// Records a depth-`depth` round that took `seconds`.
+    pub(crate) fn observe(&mut self, depth: usize, seconds: f64) {
+        if !seconds.is_finite() || seconds <= 0.0 {
+            return;
+        }
+        if let Some(s) = self.samples.get_mut(depth) {
+            if s.len() == self.window {
+                s.pop_front();
+            }
+            s.push_back(seconds);
+        }
+    }
+
+    /// Samples held for `depth`.
+    pub(crate) fn count(&self, depth: usize) -> usize {
+        self.samples.get(depth).map_or(0, VecDeque::len)
+    }
+
+    /// The median wall time of `depth`, if measured.
+    pub(crate) fn median(&self, depth: usize) -> Option<f64> {
+        let s = self.samples.get(depth)?;
+        if s.is_empty() {
+            return None;
+        }
+        let mut v: Vec<f64> = s.iter().copied().collect();
+        v.sort_by(f64::total_cmp);
+        let m = v.len() / 2;
+        Some(if v.len() % 2 == 1 {
+            v[m]
+        } else {
+            (v[m - 1] + v[m]) / 2.0
+        })
+    }
+
+    /// `(c0, c1)` of a drafted round's cost `c0 + c1·d`: a weighted least
+    /// squares fit of the per-depth medians (weights: samples held), its slope
+    /// shrunk towards a prior made from the first measurements and kept
+    /// non-negative. `None` before anything was measured.
+    pub(crate) fn line(&self) -> Option<(f64, f64)> {
+        let points: Vec<(f64, f64, f64)> = (1..self.samples.len())
+            .filter_map(|d| self.median(d).map(|m| (d as f64, m, self.count(d) as f64)))
+            .collect();
+        let plain = self.median(0);
+        let Some(&(d1, m1, _)) = points.first() else {
+            // Only plain steps so far: a drafted round is a plain step that
+            // waits for its forward, plus the draft.
+            return plain.map(|p| (p, PRIOR_SLOPE * p));
+        };
+        // The prior slope: a fraction of a plain step, from the plain
+        // median or else from the shallowest drafted depth.
+        let unit = plain.unwrap_or(m1 / (1.0 + PRIOR_SLOPE * d1));
+        let prior = PRIOR_SLOPE * unit;
+        let w: f64 = points.iter().map(|p| p.2).sum();
+        let dm = points.iter().map(|p| p.2 * p.0).sum::<f64>() / w;
+        let mm = points.iter().map(|p| p.2 * p.1).sum::<f64>() / w;
+        let sxx: f64 = points.iter().map(|p| p.2 * (p.0 - dm).powi(2)).sum();
+        let sxy: f64 = points.iter().map(|p| p.2 * (p.0 - dm) * (p.1 - mm)).sum();
+        let slope = ((sxy + PRIOR_SLOPE_WEIGHT * prior) / (sxx + PRIOR_SLOPE_WEIGHT)).max(0.0);
+        // A noisy fit must not make a round nearly free.
+        let c0 = (mm - slope * dm).max(0.25 * unit);
+        Some((c0, slope))
+    }
+
+    /// The modelled cost of a depth-`depth` round: the plain median at 0
+    /// (or the line's intercept before plain was measured), else the line.
+    pub(crate) fn cost(&self, depth: usize) -> Option<f64> {
+        self.costs().get(depth).copied().flatten()
+    }
+
+    /// [`CostModel::cost`] of every depth `0..=max`, fitting the line once.
+    pub(crate) fn costs(&self) -> Vec<Option<f64>> {
+        let line = self.line();
+        (0..self.samples.len())
+            .map(|d| match (d, line) {
+                (0, _) => self.median(0).or(line.map(|l| l.0)),
+                (_, Some((c0, c1))) => Some(c0 + c1 * d as f64),
+                (_, None) => None,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_ignores_one_stall() {
+        let mut c = CostModel::new(2, WINDOW);
+        for s in [0.010, 0.011, 1.0, 0.009] {
+            c.observe(1, s);
+        }
+        // The mean of the middle two of four, to rounding.
+        let m = c.median(1).unwrap();
+        assert!((m - 0.0105).abs() < 1e-15, "median {m}");
+    }
+
+    #[test]
+    fn the_window_forgets_old_samples() {
+        let mut c = CostModel::new(1, 3);
+        for s in [5.0, 5.0, 5.0, 1.0, 1.0] {
+            c.observe(1, s);
+        }
+        assert_eq!(c.count(1), 3);
+        assert_eq!(c.median(1), Some(1.0));
+    }
+
+    #[test]
+    fn bad_timings_are_dropped() {
+        let mut c = CostModel::new(1, 3);
+        for s in [f64::NAN, -1.0, 0.0, f64::INFINITY] {
+            c.observe(1, s);
+        }
+        assert_eq!(c.count(1), 0);
+        assert_eq!(c.line(), None);
+    }
+
+    #[test]
+    fn the_line_fits_exact_points_and_extrapolates() {
+        let mut c = CostModel::new(6, WINDOW);
+        for _ in 0..WINDOW {
+            c.observe(0, 0.008);
+            for d in 1..=3 {
+                c.observe(d, 0.010 + 0.002 * d as f64);
+            }
+        }
+        let (c0, c1) = c.line().unwrap();
+        // Tolerance: the prior slope (0.2 × 8 ms = 1.6 ms, weight 1 against
+        // 2 × WINDOW) moves the slope by under 0.03 ms.
+        assert!((c0 - 0.010).abs() < 1e-4, "c0 = {c0}");
+        assert!((c1 - 0.002).abs() < 3e-5, "c1 = {c1}");
+        assert_eq!(c.cost(0), Some(0.008));
+        let c6 = c.cost(6).unwrap();
+        assert!((c6 - 0.022).abs() < 3e-4, "cost(6) = {c6}");
+    }
+
+    #[test]
+    fn one_depth_extrapolates_with_the_prior_slope() {
+        let mut c = CostModel::new(4, WINDOW);
+        c.observe(0, 0.010);
+        c.observe(2, 0.015);
+        let costs = c.costs();
+        // Slope: the prior 0.2 × 10 ms; the line passes through depth 2's median.
+        let want = [0.010, 0.013, 0.015, 0.017, 0.019];
+        for (d, (got, want)) in costs.iter().zip(want).enumerate() {
+            let got = got.unwrap();
+            assert!((got - want).abs() < 1e-12, "cost({d}) = {got}, want {want}");
+        }
+    }
+
+    #[test]
+    fn only_plain_steps_still_give_every_depth_a_cost() {
+        let mut c = CostModel::new(3, WINDOW);
+        assert_eq!(c.costs(), vec![None; 4]);
+        c.observe(0, 0.010);
+        assert!(c.costs().iter().all(Option::is_some), "{:?}", c.costs());
+    }
+}

@@ -1,0 +1,211 @@
+//! Simulated models driving the auto depth controller: known per-position
+//! acceptance and a known cost curve, with seeded timing jitter.
+
+use super::*;
+
+/// A simulated model and host.
+#[derive(Debug, Clone)]
+struct Sim {
+    /// Conditional acceptance of each draft position.
+    accept: Vec<f64>,
+    /// Seconds of a depth-0 (pipelined plain) token.
+    plain: f64,
+    /// A drafted round costs `c0 + c1·d` seconds.
+    c0: f64,
+    c1: f64,
+    /// Multiplicative timing noise: uniform in `1 ± jitter`.
+    jitter: f64,
+}
+
+impl Sim {
+    fn cost(&self, d: usize) -> f64 {
+        if d == 0 {
+            self.plain
+        } else {
+            self.c0 + self.c1 * d as f64
+        }
+    }
+
+    /// The depth with the most committed tokens per second.
+    fn best(&self) -> usize {
+        let e = expected_committed(&self.accept);
+        (0..e.len())
+            .max_by(|&a, &b| (e[a] / self.cost(a)).total_cmp(&(e[b] / self.cost(b))))
+            .unwrap()
+    }
+
+    /// Runs `rounds` rounds with RNG seed `seed`; returns the chosen depths.
+    fn run(&self, d: &mut DepthController, rounds: usize, seed: u64) -> Vec<usize> {
+        let mut rng = SplitMix(seed);
+        (0..rounds)
+            .map(|_| {
+                let k = d.choose(usize::MAX);
+                let accepted = self
+                    .accept
+                    .iter()
+                    .take(k)
+                    .take_while(|&&a| rng.unit() < a)
+                    .count();
+                let noise = 1.0 + self.jitter * (2.0 * rng.unit() - 1.0);
+                d.record(k, accepted, self.cost(k) * noise);
+                k
+            })
+            .collect()
+    }
+}
+
+/// SplitMix64: a tiny deterministic generator for the simulations.
+struct SplitMix(u64);
+
+impl SplitMix {
+    /// Uniform in `[0, 1)`.
+    fn unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Depth 3 is best by about 6%: acceptance falls off after position 3, a
+/// drafted round costs 1.1 + 0.2·d plain steps.
+fn depth_three_best(jitter: f64) -> Sim {
+    Sim {
+        accept: vec![0.9, 0.85, 0.8, 0.3, 0.3, 0.3],
+        plain: 1.0e-2,
+        c0: 1.1e-2,
+        c1: 0.2e-2,
+        jitter,
+    }
+}
+
+/// Quantized-model-like: verify cost grows by a whole plain step per row.
+fn speculation_never_pays(jitter: f64) -> Sim {
+    Sim {
+        accept: vec![0.7; 6],
+        plain: 1.0e-2,
+        c0: 1.0e-2,
+        c1: 1.0e-2,
+        jitter,
+    }
+}
+
+/// Share of `picks` equal to `want` (or within `slack` of it).
+fn share_near(picks: &[usize], want: usize, slack: usize) -> f64 {
+    let hits = picks.iter().filter(|&&k| k.abs_diff(want) <= slack).count();
+    hits as f64 / picks.len() as f64
+}
+
+/// The most frequent pick.
+fn mode(picks: &[usize]) -> usize {
+    let mut n = [0usize; 16];
+    picks.iter().for_each(|&k| n[k] += 1);
+    (0..n.len())
+        .max_by_key(|&k| (n[k], usize::MAX - k))
+        .unwrap()
+}
+
+#[test]
+fn the_simulations_have_the_intended_best_depths() {
+    assert_eq!(depth_three_best(0.0).best(), 3);
+    assert_eq!(speculation_never_pays(0.0).best(), 0);
+}
+
+#[test]
+fn converges_to_the_best_depth_within_forty_rounds() {
+    // Seeds 1..=10; after 40 rounds, the next 200 are mostly depth 3 (the
+    // rest are probes of 2 and 4, and Bernoulli noise in the acceptance
+    // estimates: about 30 rounds' worth per position).
+    let sim = depth_three_best(0.0);
+    for seed in 1..=10 {
+        let mut d = DepthController::new(DepthPolicy::default());
+        let picks = sim.run(&mut d, 240, seed);
+        let late = &picks[40..];
+        assert_eq!(mode(late), 3, "seed {seed}: {picks:?}");
+        let share = share_near(late, 3, 0);
+        assert!(share >= 0.8, "seed {seed}: depth 3 in {share} of {late:?}");
+    }
+}
+
+#[test]
+fn settles_at_plain_when_speculation_never_pays() {
+    // Seeds 1..=10: after the 6 seeding rounds and a short settling, at most
+    // one round in ten drafts (the probes of depth 1 back off to 1 in 64).
+    let sim = speculation_never_pays(0.0);
+    for seed in 1..=10 {
+        let mut d = DepthController::new(DepthPolicy::default());
+        let picks = sim.run(&mut d, 300, seed);
+        let late = &picks[20..];
+        let share = share_near(late, 0, 0);
+        assert!(share >= 0.9, "seed {seed}: plain in {share} of {late:?}");
+        assert!(late.iter().all(|&k| k <= 1), "seed {seed}: {late:?}");
+    }
+}
+
+#[test]
+fn fifty_percent_timing_jitter_still_picks_within_one_of_the_best() {
+    // 20 seeds, 400 rounds each, uniform ±50% noise on every timing. Pass:
+    // the most frequent pick of rounds 100..400 is within one of the best,
+    // and at least 85% of those rounds are. Control: the same picks judged
+    // against a depth three away from the best must miss on every seed.
+    let misses = |late: &[usize], want: usize| {
+        mode(late).abs_diff(want) > 1 || share_near(late, want, 1) < 0.85
+    };
+    for sim in [depth_three_best(0.5), speculation_never_pays(0.5)] {
+        let best = sim.best();
+        for seed in 1..=20u64 {
+            let mut d = DepthController::new(DepthPolicy::default());
+            let picks = sim.run(&mut d, 400, seed);
+            let late = &picks[100..];
+            assert!(!misses(late, best), "seed {seed}, {sim:?}: {late:?}");
+            let wrong = if best >= 3 { best - 3 } else { best + 3 };
+            assert!(misses(late, wrong), "control, seed {seed}: {late:?}");
+        }
+    }
+}
+
+#[test]
+fn deep_on_a_flat_cost_curve_shallow_on_a_steep_one() {
+    let accept = vec![0.85; 6];
+    let flat = Sim {
+        accept: accept.clone(),
+        plain: 1.0e-2,
+        c0: 1.05e-2,
+        c1: 0.02e-2,
+        jitter: 0.2,
+    };
+    let steep = Sim {
+        accept,
+        plain: 1.0e-2,
+        c0: 0.8e-2,
+        c1: 0.8e-2,
+        jitter: 0.2,
+    };
+    assert_eq!(flat.best(), 6);
+    assert_eq!(steep.best(), 1);
+    let mut d = DepthController::new(DepthPolicy::default());
+    let late = flat.run(&mut d, 300, 7)[100..].to_vec();
+    assert!(mode(&late) >= 5, "flat: {late:?}");
+    let mut d = DepthController::new(DepthPolicy::default());
+    let late = steep.run(&mut d, 300, 7)[100..].to_vec();
+    assert!(mode(&late) <= 2, "steep: {late:?}");
+}
+
+#[test]
+fn follows_a_change_of_text() {
+    // 300 rounds of easy text (depth 3 best), then drafts stop being accepted:
+    // within 100 rounds the controller is back at plain decoding.
+    let easy = depth_three_best(0.2);
+    let hard = Sim {
+        accept: vec![0.05; 6],
+        ..easy.clone()
+    };
+    assert_eq!(hard.best(), 0);
+    let mut d = DepthController::new(DepthPolicy::default());
+    easy.run(&mut d, 300, 3);
+    let picks = hard.run(&mut d, 300, 4);
+    let late = &picks[100..];
+    assert!(share_near(late, 0, 0) >= 0.9, "{late:?}");
+}
