@@ -8,14 +8,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 
+use common::parity::{
+    PARITY_TOKENS, Totals, depths, greedy, heldout_prompts, plain, run, speculative, sweep,
+};
 use runner::depth::DepthPolicy;
-use runner::{FinishReason, GenerateOptions, Generation, LoadedModel, SamplingOptions, Session};
+use runner::{FinishReason, LoadedModel, Session};
 use serde_json::Value;
-
-/// Tokens per parity case (what issue 6 asks for).
-const PARITY_TOKENS: usize = 128;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -25,135 +24,18 @@ fn tiny_dir() -> PathBuf {
     root().join("models/tiny-mtp")
 }
 
-/// The 20 held-out prompts as ids; documents start after `<|endoftext|>` (id 0), as in training.
-fn heldout_prompts(m: &LoadedModel) -> Vec<Vec<u32>> {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/heldout_prompts.json");
-    let text = std::fs::read_to_string(&path).expect("held-out prompt fixture present");
-    let v: Value = serde_json::from_str(&text).unwrap();
-    let prompts: Vec<Vec<u32>> = v["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            let mut ids = vec![0];
-            ids.extend(m.tokenizer.encode(p.as_str().unwrap(), false).unwrap());
-            ids
-        })
-        .collect();
-    assert_eq!(prompts.len(), 20, "held-out prompts in {}", path.display());
-    prompts
-}
-
-fn greedy(max_tokens: usize, depth: DepthPolicy) -> GenerateOptions {
-    GenerateOptions {
-        max_tokens,
-        sampling: SamplingOptions::greedy(),
-        depth,
-        ..GenerateOptions::default()
-    }
-}
-
-/// Runs one generation in `s` and checks the cache bookkeeping: every cache's offset
-/// equals the committed tokens ([`Session::offset`] panics otherwise), and the committed
-/// tokens are the earlier ones, the prompt and the generated ids that were forwarded.
-fn run(s: &mut Session<'_>, m: &LoadedModel, prompt: &[u32], opts: &GenerateOptions) -> Generation {
-    let before = s.committed().to_vec();
-    let g = s
-        .generate(&m.tokenizer, prompt, opts, &AtomicBool::new(false), |_| {})
-        .unwrap();
-    let committed = s.committed();
-    assert_eq!(s.offset(), committed.len());
-    // A speculative session re-runs its last committed token, so compare content only.
-    let head = before.len() + prompt.len();
-    assert_eq!(&committed[..before.len()], &before[..]);
-    assert_eq!(&committed[before.len()..head], prompt);
-    let forwarded = &committed[head..];
-    let n = g.token_ids.len();
-    if s.is_speculative() {
-        // The last emitted token is forwarded by the next round; an end-of-sequence
-        // token is never committed.
-        let want = match g.finish {
-            FinishReason::Eos => n,
-            _ => n.saturating_sub(1),
-        };
-        assert_eq!(
-            forwarded,
-            &g.token_ids[..want],
-            "committed generated tokens"
-        );
-    } else {
-        // The pipelined plain loop forwards an end-of-sequence token it read late.
-        match g.finish {
-            FinishReason::Eos => assert!(
-                forwarded.starts_with(&g.token_ids) && forwarded.len() <= n + 1,
-                "plain committed {forwarded:?} vs generated {:?}",
-                g.token_ids
-            ),
-            _ => assert_eq!(forwarded, &g.token_ids[..n.saturating_sub(1)]),
-        }
-    }
-    g
-}
-
-fn plain(m: &LoadedModel, prompt: &[u32], opts: &GenerateOptions) -> Generation {
-    run(&mut Session::new(m.model.as_ref()), m, prompt, opts)
-}
-
-fn speculative(m: &LoadedModel, prompt: &[u32], opts: &GenerateOptions) -> Generation {
-    let mut s = Session::with_mtp(m.model.as_ref()).expect("tiny-mtp has an MTP head");
-    run(&mut s, m, prompt, opts)
-}
-
 #[test]
 fn greedy_speculation_equals_plain_decoding_on_heldout_prompts() {
     let m = common::load(&tiny_dir());
     let prompts = heldout_prompts(&m);
-    let depths = [
-        DepthPolicy::Fixed(1),
-        DepthPolicy::Fixed(2),
-        DepthPolicy::Fixed(3),
-        DepthPolicy::Fixed(4),
-        DepthPolicy::default(),
-    ];
-    // Per depth: (drafted, accepted, emitted, rounds).
-    let mut totals = [(0usize, 0usize, 0usize, 0usize); 5];
-    let mut compared_tokens = 0;
-    for (p, prompt) in prompts.iter().enumerate() {
-        let want = plain(&m, prompt, &greedy(PARITY_TOKENS, DepthPolicy::Fixed(0)));
-        if want.finish == FinishReason::Length {
-            assert_eq!(want.token_ids.len(), PARITY_TOKENS);
-        }
-        for (d, &depth) in depths.iter().enumerate() {
-            let got = speculative(&m, prompt, &greedy(PARITY_TOKENS, depth));
-            assert_eq!(
-                got.token_ids, want.token_ids,
-                "prompt {p} at {depth:?}: speculative output differs from plain"
-            );
-            assert_eq!(got.finish, want.finish, "prompt {p} at {depth:?}");
-            let s = got
-                .speculation
-                .expect("speculative generation reports statistics");
-            assert_eq!(s.method, "mtp");
-            assert_eq!(s.depth_over_time.len(), s.rounds);
-            if let DepthPolicy::Fixed(k) = depth {
-                assert!(
-                    s.depth_over_time.iter().all(|&x| x <= k),
-                    "{:?}",
-                    s.depth_over_time
-                );
-            }
-            let t = &mut totals[d];
-            *t = (
-                t.0 + s.drafted,
-                t.1 + s.accepted,
-                t.2 + s.emitted,
-                t.3 + s.rounds,
-            );
-            compared_tokens += got.token_ids.len();
-        }
-    }
-    for (depth, (drafted, accepted, emitted, rounds)) in depths.iter().zip(totals) {
+    let (totals, compared_tokens) = sweep(&m, &prompts, PARITY_TOKENS);
+    for (depth, t) in depths().iter().zip(totals) {
+        let Totals {
+            drafted,
+            accepted,
+            emitted,
+            rounds,
+        } = t;
         eprintln!(
             "{depth:?}: acceptance {:.3} ({accepted}/{drafted}), mean accepted length {:.3} ({emitted}/{rounds})",
             accepted as f64 / drafted.max(1) as f64,
@@ -168,9 +50,9 @@ fn greedy_speculation_equals_plain_decoding_on_heldout_prompts() {
     eprintln!(
         "parity: {} prompts x {} depths, {compared_tokens} tokens compared",
         prompts.len(),
-        depths.len()
+        depths().len()
     );
-    assert!(compared_tokens >= prompts.len() * depths.len() * PARITY_TOKENS / 2);
+    assert!(compared_tokens >= prompts.len() * depths().len() * PARITY_TOKENS / 2);
 }
 
 /// A copy of tiny-mtp (weights symlinked) whose config adds `eos` to the

@@ -1,6 +1,8 @@
 //! Shared helpers: random-weight fixtures in temporary folders.
 #![allow(dead_code)]
 
+pub mod parity;
+
 use std::path::Path;
 
 use runner::testing::{Arch, Fixture, write_checkpoint};
