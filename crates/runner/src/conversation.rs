@@ -4,6 +4,9 @@
 //! Every turn renders the chat template over the full history, tokenizes it,
 //! puts the session at the longest prefix it can reuse (the live caches,
 //! else a stored entry of the [`PrefixCache`]) and generates from there. The
+//! reply's text need not re-tokenize to the tokens generated: the session
+//! rewinds to where they differ, replaying from a restore point below when
+//! its recurrent layers cannot go back there directly. The
 //! assistant turn ends at the template's end-of-turn token (for ChatML
 //! `<|im_end|>`), which is treated as an end-of-sequence token and stripped.
 
@@ -28,6 +31,10 @@ pub struct Turn {
     pub prompt: Vec<u32>,
     /// Prompt tokens reused from the caches (not forwarded again).
     pub reused_tokens: usize,
+    /// Of those, the tokens forwarded again because the caches could not
+    /// rewind to them directly (recurrent layers, when the reply's text
+    /// re-tokenizes differently from the tokens generated).
+    pub replayed_tokens: usize,
     /// Where they came from.
     pub source: ReuseSource,
     /// The assistant's reply.
@@ -136,6 +143,7 @@ impl<'m> Conversation<'m> {
             index: self.turns,
             prompt,
             reused_tokens: reuse.tokens,
+            replayed_tokens: reuse.replayed,
             source: reuse.source,
             generation,
         })

@@ -14,7 +14,14 @@
 //! snapshots hold every position up to the entry's end, so any entry at or
 //! below the match point restores the whole match (sliced); snapshots of
 //! caches that cannot rewind (recurrent, rotating) restore only at their own
-//! offset, so for those only the entries on the matched path count.
+//! offset, so for those only the entries on the matched path count. Such
+//! an entry also keeps the recurrent states one token back: an MTP session
+//! re-runs its last committed token on its next request, and a restored
+//! session has no capture of its own there.
+//!
+//! When the live session cannot rewind to the common prefix without
+//! replaying tokens (recurrent layers, see [`Session::rewind_to`]), a stored
+//! entry is preferred whenever it leaves fewer tokens to forward.
 //!
 //! Entries are evicted least recently used first whenever the snapshots hold
 //! more than the byte budget. Dropping an entry (evicted, replaced, covered
@@ -70,6 +77,9 @@ pub enum ReuseSource {
 pub struct Reuse {
     /// Prompt tokens the session now holds: generate from `prompt[tokens..]`.
     pub tokens: usize,
+    /// Of those, the tokens forwarded again to get there (a rewind of
+    /// recurrent layers that had no restore point at the common prefix).
+    pub replayed: usize,
     /// Where they came from.
     pub source: ReuseSource,
 }
@@ -102,12 +112,18 @@ struct Entry {
     draft: Vec<Snapshot>,
     /// Every snapshot restores to any lower offset (all full attention).
     sliceable: bool,
+    /// The target captures at `tokens - 1` (recurrent caches only), for the
+    /// MTP boundary re-run after a restore; `None` when not taken.
+    back: Option<Vec<Option<Snapshot>>>,
 }
 
 impl Entry {
-    /// Whether this entry can put a session at `n` committed tokens.
-    fn restores_to(&self, n: usize) -> bool {
-        n <= self.tokens && (self.sliceable || n == self.tokens)
+    /// Whether this entry can put a session at `n` committed tokens; a
+    /// session with look-ahead also needs the point one token back.
+    fn restores_to(&self, n: usize, lookahead: usize) -> bool {
+        n <= self.tokens
+            && (self.sliceable
+                || (n == self.tokens && (lookahead == 0 || n <= 1 || self.back.is_some())))
     }
 }
 
@@ -196,20 +212,28 @@ impl PrefixCache {
         let snap = |cs: &[Box<dyn Cache>]| -> Result<Vec<Snapshot>> {
             Ok(cs.iter().map(|c| c.snapshot()).collect::<Result<_, _>>()?)
         };
+        let sliceable = session
+            .caches()
+            .iter()
+            .chain(session.draft_caches())
+            .all(|c| c.kind() == "KvCache");
+        let back = if sliceable {
+            None
+        } else {
+            session.back_point(tokens.saturating_sub(1))?
+        };
         let entry = Entry {
             tokens,
             target: snap(session.caches())?,
             draft: snap(session.draft_caches())?,
-            sliceable: session
-                .caches()
-                .iter()
-                .chain(session.draft_caches())
-                .all(|c| c.kind() == "KvCache"),
+            sliceable,
+            back,
         };
         let arrays: Vec<_> = entry
             .target
             .iter()
             .chain(&entry.draft)
+            .chain(entry.back.iter().flatten().flatten())
             .flat_map(Snapshot::arrays)
             .collect();
         mlx_tensor::eval(&arrays)?;
@@ -218,7 +242,6 @@ impl PrefixCache {
             tracing::debug!(bytes, budget = self.budget, "prefix entry over budget");
             return Ok(false);
         }
-        let sliceable = entry.sliceable;
         let (node, replaced) = self.trie.insert(&keys, entry, bytes);
         drop(replaced);
         if sliceable {
@@ -248,6 +271,8 @@ impl PrefixCache {
         let layout = self.check_layout(session)?;
         let cap = prompt.len().saturating_sub(1);
         let live = common_prefix(session.committed(), prompt).min(cap);
+        // What the live rewind costs: tokens from here on are forwarded.
+        let live_from = session.replay_from(live);
         let found = self.trie.find(&keys(prompt, layout.lookahead));
         let at = |depth: usize| verified(depth.min(found.matched), layout.lookahead).min(cap);
         let best = found
@@ -255,9 +280,15 @@ impl PrefixCache {
             .into_iter()
             .chain(found.on_path.iter().copied())
             .map(|(node, depth)| (node, at(depth)))
-            .find(|&(node, n)| n > live && self.trie.get(node).is_some_and(|e| e.restores_to(n)));
+            .find(|&(node, n)| {
+                n > live_from
+                    && self
+                        .trie
+                        .get(node)
+                        .is_some_and(|e| e.restores_to(n, layout.lookahead))
+            });
         let Some((node, n)) = best else {
-            session.rewind_to(live)?;
+            let replayed = session.rewind_replaying(live)?;
             let source = if live > 0 {
                 ReuseSource::Live
             } else {
@@ -265,6 +296,7 @@ impl PrefixCache {
             };
             return Ok(Reuse {
                 tokens: live,
+                replayed,
                 source,
             });
         };
@@ -274,6 +306,7 @@ impl PrefixCache {
         tracing::debug!(tokens = n, live, "prefix restored");
         Ok(Reuse {
             tokens: n,
+            replayed: 0,
             source: ReuseSource::Stored,
         })
     }
@@ -286,6 +319,11 @@ fn restore(session: &mut Session<'_>, entry: &Entry, tokens: &[u32]) -> Result<(
     put(&mut session.caches, &entry.target, n)?;
     put(session.draft_caches_mut(), &entry.draft, level)?;
     session.committed = tokens.to_vec();
+    match &entry.back {
+        // A recurrent entry restores at its own end only: n is its length.
+        Some(back) if n > 0 => session.points.install(n - 1, back, tokens)?,
+        _ => session.points.clear(),
+    }
     session.offset();
     Ok(())
 }

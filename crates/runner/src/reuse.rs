@@ -10,7 +10,7 @@
 
 use std::sync::atomic::AtomicBool;
 
-use kvcache::Cache;
+use kvcache::{Cache, Snapshot};
 
 use crate::drafter::{MtpDrafter, SpecDrafter};
 use crate::error::{Error, Result};
@@ -86,9 +86,19 @@ impl Session<'_> {
         if back_ok && pts.reaches(&self.caches, n, &self.committed) {
             return n;
         }
-        let below = if self.lookahead() == 0 { n } else { n - 1 };
+        let below = if self.lookahead() == 0 {
+            n
+        } else {
+            n.saturating_sub(1)
+        };
         pts.deepest(&self.caches, below, &self.committed)
             .unwrap_or(0)
+    }
+
+    /// Copies of the target's restore point at `offset` (for a prefix-cache
+    /// entry), or `None` when there is none valid.
+    pub(crate) fn back_point(&self, offset: usize) -> Result<Option<Vec<Option<Snapshot>>>> {
+        self.points.copy_at(&self.caches, offset, &self.committed)
     }
 
     /// [`Session::rewind_to`], returning how many tokens it forwarded again.
