@@ -1,7 +1,8 @@
 //! `cargo xtask bench`: benchmark suites (JSON lines), and the all-suites run that feeds docs/bench.
 //!
 //! * `bench <suite> [args]` runs one suite and prints its JSON lines.
-//! * `bench [all] [--out FILE] [--no-report]` runs every suite, stamps each
+//! * `bench [all] [--out FILE] [--no-report] [--suites a,b]` runs every suite
+//!   (or the listed ones), stamps each
 //!   row (machine, device, date, commit, load, command to rerun), merges the
 //!   rows into `docs/bench/results.json` (or FILE), replacing this machine's
 //!   earlier rows, and redraws docs/bench/README.md and its plots.
@@ -91,19 +92,28 @@ fn list() {
 
 /// Every suite, stamped, merged into the results file; then the report.
 fn all(args: &[String]) -> Result<()> {
-    let (mut out, mut report) = (cmd::root().join(RESULTS), true);
+    let (mut out, mut report, mut only) = (cmd::root().join(RESULTS), true, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--out" => out = PathBuf::from(it.next().context("--out needs a file")?),
             "--no-report" => report = false,
-            other => bail!("unknown `bench` option `{other}` (known: --out FILE, --no-report)"),
+            "--suites" => only = Some(it.next().context("--suites needs a list")?.clone()),
+            other => bail!(
+                "unknown `bench` option `{other}` (known: --out FILE, --no-report, --suites a,b)"
+            ),
         }
     }
     let device = crate::gpu_check::device_info()?;
     let stamp = machine::stamp();
     let mut rows = Vec::new();
     for s in SUITES {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.split(',').any(|n| n == s.name))
+        {
+            continue;
+        }
         if s.cargo_only && bins::bin_dir().is_some() {
             eprintln!("xtask: bench: skipping `{}` (needs cargo)", s.name);
             continue;

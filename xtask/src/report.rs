@@ -184,7 +184,9 @@ fn section(md: &mut String, g: &Group<'_>, dir: &Path) -> Result<()> {
                 md,
                 "| {model} | {} | {} | {} | {speedup} | {} | {} | {per_pos} |",
                 r["method"].as_str().unwrap_or("?"),
-                r["depth"],
+                r["depth"]
+                    .as_str()
+                    .map_or_else(|| r["depth"].to_string(), str::to_owned),
                 f(&r["tokens_per_s"], 1),
                 f(&r["acceptance_rate"], 2),
                 f(&r["mean_accepted_length"], 2),

@@ -8,7 +8,7 @@
 //!   `--info` prints only this line (what `xtask gpu-check` reads).
 //! * `bandwidth`: `op` = `copy` (`y = x * 1`, reads and writes N bytes), `sum`
 //!   (reads N bytes) or `gemv` (`[1,4096] @ [4096,N/4096]`, reads N bytes: a
-//!   decode step's pattern), `bytes`, `gb_per_s` (median over `--reps`).
+//!   decode step's pattern), `bytes`, `gb_per_s` (best of `--reps`).
 //! * `overhead`: `round_trip_us` (one tiny op, eval, back on the host) and
 //!   `per_op_us` (each extra op in a chain of 100 tiny dependent ops, one eval).
 //! * `decode` (with `--model`): `weight_bytes` (MLX active memory the loaded
@@ -18,7 +18,7 @@
 //!   greedy decode step), `floor_ms` = weight_bytes ÷ the best read bandwidth
 //!   (sum or gemv) +
 //!   ops_per_step × per_op_us, and `ratio` = step_ms ÷ floor_ms.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
@@ -33,7 +33,9 @@ fn median(mut samples: Vec<f64>) -> f64 {
     samples[samples.len() / 2]
 }
 
-/// Seconds one `build()` + eval takes, median over `reps` after one warm-up.
+/// Seconds one `build()` + eval takes, the best of `reps` after one warm-up:
+/// a floor wants the fastest the device did, and on a shared machine the
+/// median carries other processes' load.
 fn time_eval(
     reps: usize,
     mut build: impl FnMut() -> mlx_tensor::Result<Array>,
@@ -45,7 +47,7 @@ fn time_eval(
         build()?.eval()?;
         t.push(start.elapsed().as_secs_f64());
     }
-    Ok(median(t))
+    Ok(t.into_iter().fold(f64::INFINITY, f64::min))
 }
 
 fn emit(line: &Value) -> std::io::Result<()> {
@@ -107,7 +109,7 @@ fn overhead(reps: usize) -> Result<f64, Box<dyn std::error::Error>> {
 
 /// Plain decode step time on `dir` against weight_bytes ÷ `gbs` + ops × `per_op_us`.
 fn decode_floor(
-    dir: &PathBuf,
+    dir: &Path,
     tokens: usize,
     runs: usize,
     gbs: f64,
