@@ -127,7 +127,11 @@ pub fn render_into(rows: &[Value], dir: &Path) -> Result<String> {
          `cargo xtask gpu-bundle` and `cargo xtask bench --merge results-gpu.json` ([docs/gpu.md](../gpu.md)). \
          Model: `models/tiny-mtp` (26.7 M parameters, Qwen3 + 1 MTP layer), f32 compute, greedy, 128 tokens, \
          prompt \"Once upon a time\"; draft model `models/tiny-draft`. Speculation is lossless: every \
-         speculative row emits the plain row's tokens (`cargo xtask gpu-check` enforces it on a GPU).\n",
+         speculative row emits the plain row's tokens (`cargo xtask gpu-check` enforces it on a GPU). \
+         Each section's caption gives the load average: rows taken on a busy shared machine differ run to run \
+         by up to 2-3×, so compare rows of one section, not single cells. In the floor table a ratio below 1 \
+         means the probes under-rate the device (single ops reach less bandwidth than a whole step does), \
+         so that floor is no lower bound there.\n",
     );
     for ((machine, device), rows) in groups {
         let g = Group {
