@@ -373,8 +373,9 @@ fn median_field(rows: &[Value], field: &str) -> Option<f64> {
 }
 
 /// Plain vs MTP rows for the bundled model quantized to 8 and 4 bits (group
-/// 64), written once under `target/bench/` by `mtp-runner quantize`; each row
-/// gains `"model"` and `"bits"`.
+/// 64), written once under `target/bench/` by `mtp-runner quantize`, and for
+/// the bundled hybrid (Qwen3.5, Gated DeltaNet) model; each row gains
+/// `"model"` (and `"bits"` when quantized).
 fn quantized_rows(args: &[String]) -> Result<Vec<Value>> {
     let mut rows = Vec::new();
     for bits in [8, 4] {
@@ -397,29 +398,62 @@ fn quantized_rows(args: &[String]) -> Result<Vec<Value>> {
                 &mut bins::command(MTP_RUNNER, &q)?,
             )?;
         }
-        let mut q_args: Vec<String> = Vec::new();
-        let mut it = args.iter();
-        while let Some(a) = it.next() {
-            match a.as_str() {
-                // The model, methods and depths are this row set's own.
-                "--model" | "--methods" | "--depths" | "--draft-model" => {
-                    it.next();
-                }
-                _ => q_args.push(a.clone()),
+        rows.extend(model_rows(
+            args,
+            &dir,
+            &format!("tiny-mtp-q{bits}"),
+            "auto,3",
+            Some(bits),
+        )?);
+    }
+    let hybrid = cmd::root().join(HYBRID);
+    rows.extend(model_rows(
+        args,
+        &hybrid,
+        "tiny-hybrid-mtp",
+        "auto,1,2,3,4",
+        None,
+    )?);
+    Ok(rows)
+}
+
+/// The bundled hybrid model (Qwen3.5 layout: Gated DeltaNet + gated attention + MTP).
+const HYBRID: &str = "models/tiny-hybrid-mtp";
+
+/// `spec-bench` plain vs MTP rows on `dir` at `depths`, keeping the caller's
+/// other flags; each row gains `"model"` (and `"bits"`).
+fn model_rows(
+    args: &[String],
+    dir: &std::path::Path,
+    name: &str,
+    depths: &str,
+    bits: Option<u32>,
+) -> Result<Vec<Value>> {
+    let mut q_args: Vec<String> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            // The model, methods and depths are this row set's own.
+            "--model" | "--methods" | "--depths" | "--draft-model" => {
+                it.next();
             }
+            _ => q_args.push(a.clone()),
         }
-        q_args.extend(["--model".to_owned(), dir.display().to_string()]);
-        q_args.extend(["--methods".to_owned(), "off,mtp".to_owned()]);
-        q_args.extend(["--depths".to_owned(), "auto,3".to_owned()]);
-        let out = capture(SPEC_BENCH, &q_args)?;
-        for line in out.lines() {
-            if let Ok(Value::Object(mut m)) = serde_json::from_str::<Value>(line) {
-                m.insert("model".into(), format!("tiny-mtp-q{bits}").into());
+    }
+    q_args.extend(["--model".to_owned(), dir.display().to_string()]);
+    q_args.extend(["--methods".to_owned(), "off,mtp".to_owned()]);
+    q_args.extend(["--depths".to_owned(), depths.to_owned()]);
+    let out = capture(SPEC_BENCH, &q_args)?;
+    let mut rows = Vec::new();
+    for line in out.lines() {
+        if let Ok(Value::Object(mut m)) = serde_json::from_str::<Value>(line) {
+            m.insert("model".into(), name.into());
+            if let Some(bits) = bits {
                 m.insert("bits".into(), bits.into());
-                let v = Value::Object(m);
-                println!("{v}");
-                rows.push(v);
             }
+            let v = Value::Object(m);
+            println!("{v}");
+            rows.push(v);
         }
     }
     Ok(rows)

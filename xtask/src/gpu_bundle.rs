@@ -60,6 +60,7 @@ const EXTRA_LIBS: &[&str] = &["libopenblas.so.0", "libgfortran.so.5", "libquadma
 const ROOT_FILES: &[&str] = &[
     "models/tiny-mtp",
     "models/tiny-draft",
+    "models/tiny-hybrid-mtp",
     "xtask/assets/gpu-reference.json",
     "crates/runner/examples/mlx_lm_decode.py",
     "crates/runner/examples/mlx_lm_spec.py",
@@ -139,7 +140,7 @@ pub fn run(args: &[String]) -> Result<()> {
     cmd::run(
         "tar.xz",
         Command::new("tar")
-            .env("XZ_OPT", "-6 -T0")
+            .env("XZ_OPT", "-1 -T0")
             .arg("-C")
             .arg(&stage)
             .arg("-cJf")

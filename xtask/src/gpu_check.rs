@@ -32,6 +32,8 @@ pub const NO_GPU: i32 = 3;
 pub const REFERENCE: &str = "xtask/assets/gpu-reference.json";
 
 const MODEL: &str = "models/tiny-mtp";
+/// The bundled hybrid model, checked for losslessness too (recurrent-state rewind).
+const HYBRID: &str = "models/tiny-hybrid-mtp";
 const DRAFT: &str = "models/tiny-draft";
 const TOKENS: usize = 128;
 const PROMPTS: &[&str] = &[
@@ -125,15 +127,17 @@ fn checks(device: Value) -> Result<(Value, i32)> {
         let prompt = case["prompt"].as_str().context("case without prompt")?;
         let want: Vec<u64> = ids(&case["token_ids"]);
         for tf32 in [false, true] {
-            let plain = generate(prompt, "off", None, "gpu", tf32)?;
+            let plain = generate(MODEL, prompt, "off", None, "gpu", tf32)?;
             let got = ids(&plain["token_ids"]);
             parity.push(json!({
                 "prompt": prompt, "tf32": tf32, "tokens": got.len(),
                 "first_divergence": first_divergence(&want, &got),
             }));
-            for method in METHODS {
+            // With TF32 on, only the plain parity row: the speculative rows there are
+            // not enforced (batched verify and single-token steps round differently).
+            for method in METHODS.iter().filter(|_| !tf32) {
                 for depth in DEPTHS {
-                    let spec = generate(prompt, method, Some(depth), "gpu", tf32)?;
+                    let spec = generate(MODEL, prompt, method, Some(depth), "gpu", tf32)?;
                     let s = ids(&spec["token_ids"]);
                     let diverge = first_divergence(&got, &s);
                     let row = json!({
@@ -150,6 +154,25 @@ fn checks(device: Value) -> Result<(Value, i32)> {
                     lossless.push(row);
                 }
             }
+        }
+    }
+    // The hybrid (Gated DeltaNet) model: its recurrent-state rewind on the device.
+    for case in reference["cases"].as_array().into_iter().flatten() {
+        let prompt = case["prompt"].as_str().context("case without prompt")?;
+        let plain = ids(&generate(HYBRID, prompt, "off", None, "gpu", false)?["token_ids"]);
+        for depth in DEPTHS {
+            let spec = generate(HYBRID, prompt, "mtp", Some(depth), "gpu", false)?;
+            let diverge = first_divergence(&plain, &ids(&spec["token_ids"]));
+            if let Some(at) = diverge {
+                failures.push(format!(
+                    "hybrid mtp depth {depth} differs from plain at token {at} (prompt {prompt:?})"
+                ));
+            }
+            lossless.push(json!({
+                "model": HYBRID, "prompt": prompt, "method": "mtp", "depth": depth, "tf32": false,
+                "identical": diverge.is_none(), "first_divergence": diverge,
+                "enforced": true, "speculation": spec["speculation"],
+            }));
         }
     }
     for f in &failures {
@@ -174,6 +197,7 @@ fn checks(device: Value) -> Result<(Value, i32)> {
 
 /// One `mtp-runner generate --json` on `device`; its JSON report.
 fn generate(
+    model: &str,
     prompt: &str,
     method: &str,
     depth: Option<&str>,
@@ -184,7 +208,7 @@ fn generate(
     let mut a: Vec<String> = vec![
         "generate".into(),
         "--model".into(),
-        root.join(MODEL).display().to_string(),
+        root.join(model).display().to_string(),
         "--prompt".into(),
         prompt.into(),
         "--max-tokens".into(),
@@ -245,7 +269,7 @@ fn load_reference() -> Result<Value> {
 fn record_reference() -> Result<()> {
     let mut cases = Vec::new();
     for prompt in PROMPTS {
-        let r = generate(prompt, "off", None, "cpu", false)?;
+        let r = generate(MODEL, prompt, "off", None, "cpu", false)?;
         cases.push(json!({"prompt": prompt, "token_ids": r["token_ids"]}));
     }
     let doc = json!({
