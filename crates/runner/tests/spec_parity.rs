@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::parity::{
-    PARITY_TOKENS, Totals, depths, greedy, heldout_prompts, plain, run, speculative, sweep,
+    PARITY_TOKENS, depths, greedy, heldout_prompts, plain, run, speculative, sweep,
 };
 use runner::depth::DepthPolicy;
 use runner::{FinishReason, LoadedModel, Session};
@@ -29,22 +29,14 @@ fn greedy_speculation_equals_plain_decoding_on_heldout_prompts() {
     let m = common::load(&tiny_dir());
     let prompts = heldout_prompts(&m);
     let (totals, compared_tokens) = sweep(&m, &prompts, PARITY_TOKENS);
-    for (depth, t) in depths().iter().zip(totals) {
-        let Totals {
-            drafted,
-            accepted,
-            emitted,
-            rounds,
-        } = t;
-        eprintln!(
-            "{depth:?}: acceptance {:.3} ({accepted}/{drafted}), mean accepted length {:.3} ({emitted}/{rounds})",
-            accepted as f64 / drafted.max(1) as f64,
-            emitted as f64 / rounds as f64
-        );
+    for (depth, t) in depths().into_iter().zip(totals) {
+        t.report(depth);
         // Drafting has to have happened for the parity to mean anything.
         assert!(
-            drafted > 0 && accepted > 0,
-            "{depth:?} drafted {drafted}, accepted {accepted}"
+            t.drafted > 0 && t.accepted > 0,
+            "{depth:?} drafted {}, accepted {}",
+            t.drafted,
+            t.accepted
         );
     }
     eprintln!(

@@ -124,6 +124,29 @@ pub struct Totals {
     pub rounds: usize,
 }
 
+impl Totals {
+    /// Accepted over drafted (0 when nothing was drafted).
+    pub fn acceptance(&self) -> f64 {
+        self.accepted as f64 / self.drafted.max(1) as f64
+    }
+
+    /// Prints one depth's figures to stderr (shown with `--nocapture`).
+    #[allow(clippy::print_stderr)]
+    pub fn report(&self, depth: DepthPolicy) {
+        let Totals {
+            drafted,
+            accepted,
+            emitted,
+            rounds,
+        } = *self;
+        eprintln!(
+            "{depth:?}: acceptance {:.3} ({accepted}/{drafted}), mean accepted length {:.3} ({emitted}/{rounds})",
+            self.acceptance(),
+            emitted as f64 / rounds.max(1) as f64
+        );
+    }
+}
+
 /// Asserts that MTP at every depth of [`depths`] generates the plain greedy
 /// tokens (and finish) for each prompt, `tokens` per prompt; returns the
 /// totals per depth and the number of tokens compared.
