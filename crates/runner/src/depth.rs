@@ -42,10 +42,11 @@ impl Default for DepthPolicy {
     }
 }
 
-/// The drafting depth measured first (capped by the policy's max).
-const SEED_DEPTH: usize = 2;
-/// Rounds measured at the seed depth, then at depth 0, before modelling:
-/// a median of three survives one stalled round.
+/// The drafting depth measured first (capped by the policy's max): the
+/// cheapest one; the cost line's prior slope extrapolates deeper ones.
+const SEED_DEPTH: usize = 1;
+/// Timings kept at the seed depth, then at depth 0, before modelling: a
+/// median of three survives one stalled round.
 const SEED_ROUNDS: usize = 3;
 /// Rounds between probes right after the choice moved, and the cap the
 /// interval doubles up to while probes leave it alone.
@@ -74,6 +75,10 @@ pub struct DepthController {
     probe_every: u64,
     /// Whether the next probe goes one deeper (else one shallower).
     probe_up: bool,
+    /// The depth of a probe still running and its rounds left after this one.
+    probe: Option<(usize, usize)>,
+    /// The depth of the last recorded round (`None` before the first).
+    last: Option<usize>,
 }
 
 impl DepthController {
@@ -96,6 +101,8 @@ impl DepthController {
             since_probe: 0,
             probe_every: PROBE_MIN,
             probe_up: true,
+            probe: None,
+            last: None,
         }
     }
 
@@ -144,6 +151,10 @@ impl DepthController {
     }
 
     fn choose_auto(&mut self, max: usize) -> (usize, Reason) {
+        if let Some((k, left)) = self.probe {
+            self.probe = left.checked_sub(1).map(|l| (k, l));
+            return (k, Reason::Probe);
+        }
         let seed = SEED_DEPTH.min(max);
         if self.cost.count(seed) < SEED_ROUNDS {
             return (seed, Reason::Seed);
@@ -174,11 +185,17 @@ impl DepthController {
         self.probe_every = (self.probe_every * 2).min(PROBE_MAX);
         let up = (self.probe_up || best == 0) && best < max;
         self.probe_up = !up;
-        match (up, best) {
-            (true, _) => (best + 1, Reason::Probe),
-            (false, 0) => (best, Reason::Best),
-            (false, _) => (best - 1, Reason::Probe),
+        let k = match (up, best) {
+            (true, _) => best + 1,
+            (false, 0) => return (best, Reason::Best),
+            (false, _) => best - 1,
+        };
+        if best == 0 {
+            // The first drafted round after plain steps is not timed (see
+            // `record`): draft twice so the probe measures a cost.
+            self.probe = Some((k, 0));
         }
+        (k, Reason::Probe)
     }
 
     fn log(&self, k: usize, reason: Reason) {
@@ -208,9 +225,20 @@ impl DepthController {
     }
 
     /// Records a finished round: `drafted` tokens proposed, `accepted` kept, `seconds` of wall time.
+    ///
+    /// The wall time of a drafted round right after plain steps (or first in
+    /// the request) is not a cost sample: it carries the drafter's catch-up
+    /// over the tokens committed meanwhile (the MTP head forwards its pending
+    /// pairs, a draft model its pending tokens; the prompt, first of all),
+    /// a one-off of switching that later rounds at that depth do not pay.
     pub fn record(&mut self, drafted: usize, accepted: usize, seconds: f64) {
+        let catch_up = drafted > 0 && self.last.is_none_or(|l| l == 0);
+        tracing::trace!(drafted, accepted, ms = seconds * 1e3, catch_up, "round");
         self.acceptance.observe(drafted, accepted);
-        self.cost.observe(drafted, seconds);
+        if !catch_up {
+            self.cost.observe(drafted, seconds);
+        }
+        self.last = Some(drafted);
     }
 }
 
@@ -227,27 +255,46 @@ mod tests {
     }
 
     #[test]
-    fn auto_seeds_at_depth_two_then_plain() {
+    fn auto_seeds_at_depth_one_then_plain_and_skips_catch_up_rounds() {
         let mut d = DepthController::new(DepthPolicy::Auto { max: 6 });
         let mut picks = Vec::new();
-        for _ in 0..2 * SEED_ROUNDS {
+        for _ in 0..2 * SEED_ROUNDS + 1 {
             let k = d.choose(100);
             picks.push(k);
             d.record(k, k, 0.01);
         }
-        assert_eq!(picks, [2, 2, 2, 0, 0, 0]);
+        // The first round (the prompt's catch-up) is not timed.
+        assert_eq!(picks, [1, 1, 1, 1, 0, 0, 0]);
+        assert_eq!(d.cost.count(1), SEED_ROUNDS);
+    }
+
+    #[test]
+    fn a_drafted_round_after_plain_steps_is_not_a_cost_sample() {
+        let mut d = DepthController::new(DepthPolicy::Auto { max: 2 });
+        for (k, s) in [
+            (0, 0.01),
+            (1, 9.0),
+            (1, 0.02),
+            (0, 0.01),
+            (2, 9.0),
+            (1, 0.02),
+        ] {
+            d.record(k, k, s);
+        }
+        assert_eq!(d.cost.median(1), Some(0.02));
+        assert_eq!(d.cost.median(2), None);
     }
 
     #[test]
     fn an_unmeasured_deeper_depth_is_tried_when_the_model_favours_it() {
         let mut d = DepthController::new(DepthPolicy::Auto { max: 6 });
-        // Seeding: every draft accepted, depth 2 barely dearer than plain.
-        for k in [2, 2, 2, 0, 0, 0] {
+        // Seeding: every draft accepted, depth 1 barely dearer than plain.
+        for k in [1, 1, 1, 1, 0, 0, 0] {
             assert_eq!(d.choose(100), k);
             d.record(k, k, if k == 0 { 0.010 } else { 0.011 });
         }
         let next = d.choose(100);
-        assert!(next > 2, "extrapolation should go deeper, chose {next}");
+        assert!(next > 1, "extrapolation should go deeper, chose {next}");
     }
 
     #[test]

@@ -13,6 +13,8 @@ struct Sim {
     /// A drafted round costs `c0 + c1·d` seconds.
     c0: f64,
     c1: f64,
+    /// Extra seconds of a drafted round after a plain one (the drafter's catch-up).
+    catch_up: f64,
     /// Multiplicative timing noise: uniform in `1 ± jitter`.
     jitter: f64,
 }
@@ -37,9 +39,16 @@ impl Sim {
     /// Runs `rounds` rounds with RNG seed `seed`; returns the chosen depths.
     fn run(&self, d: &mut DepthController, rounds: usize, seed: u64) -> Vec<usize> {
         let mut rng = SplitMix(seed);
+        let mut last = 0;
         (0..rounds)
             .map(|_| {
                 let k = d.choose(usize::MAX);
+                let extra = if k > 0 && last == 0 {
+                    self.catch_up
+                } else {
+                    0.0
+                };
+                last = k;
                 let accepted = self
                     .accept
                     .iter()
@@ -47,7 +56,7 @@ impl Sim {
                     .take_while(|&&a| rng.unit() < a)
                     .count();
                 let noise = 1.0 + self.jitter * (2.0 * rng.unit() - 1.0);
-                d.record(k, accepted, self.cost(k) * noise);
+                d.record(k, accepted, (self.cost(k) + extra) * noise);
                 k
             })
             .collect()
@@ -77,6 +86,7 @@ fn depth_three_best(jitter: f64) -> Sim {
         plain: 1.0e-2,
         c0: 1.1e-2,
         c1: 0.2e-2,
+        catch_up: 2.0e-2,
         jitter,
     }
 }
@@ -88,6 +98,7 @@ fn speculation_never_pays(jitter: f64) -> Sim {
         plain: 1.0e-2,
         c0: 1.0e-2,
         c1: 1.0e-2,
+        catch_up: 2.0e-2,
         jitter,
     }
 }
@@ -107,10 +118,40 @@ fn mode(picks: &[usize]) -> usize {
         .unwrap()
 }
 
+/// Modelled on tiny-mtp (f32) on the shared 2-core CPU: a pipelined plain
+/// token 12.4 ms, a drafted round 2.85 + 14.66·d ms (each draft-head step
+/// costs more than the verify's extra rows), acceptance as measured at
+/// fixed depth 4, 20 ms of catch-up after plain stretches.
+fn tiny_mtp_cpu(jitter: f64) -> Sim {
+    Sim {
+        accept: vec![0.91, 0.92, 0.93, 0.6, 0.6, 0.6],
+        plain: 12.4e-3,
+        c0: 2.85e-3,
+        c1: 14.66e-3,
+        catch_up: 20e-3,
+        jitter,
+    }
+}
+
 #[test]
 fn the_simulations_have_the_intended_best_depths() {
     assert_eq!(depth_three_best(0.0).best(), 3);
     assert_eq!(speculation_never_pays(0.0).best(), 0);
+    assert_eq!(tiny_mtp_cpu(0.0).best(), 1);
+}
+
+#[test]
+fn a_catch_up_after_plain_stretches_does_not_hide_a_paying_depth() {
+    // Seeds 1..=10, ±30% jitter: rounds 40..240 are mostly depth 1.
+    let sim = tiny_mtp_cpu(0.3);
+    for seed in 1..=10 {
+        let mut d = DepthController::new(DepthPolicy::default());
+        let picks = sim.run(&mut d, 240, seed);
+        let late = &picks[40..];
+        assert_eq!(mode(late), 1, "seed {seed}: {picks:?}");
+        let share = share_near(late, 1, 0);
+        assert!(share >= 0.8, "seed {seed}: depth 1 in {share} of {late:?}");
+    }
 }
 
 #[test]
@@ -131,8 +172,8 @@ fn converges_to_the_best_depth_within_forty_rounds() {
 
 #[test]
 fn settles_at_plain_when_speculation_never_pays() {
-    // Seeds 1..=10: after the 6 seeding rounds and a short settling, at most
-    // one round in ten drafts (the probes of depth 1 back off to 1 in 64).
+    // Seeds 1..=10: after the 7 seeding rounds and a short settling, at most
+    // one round in ten drafts (the probes of depth 1 back off to 2 in 64).
     let sim = speculation_never_pays(0.0);
     for seed in 1..=10 {
         let mut d = DepthController::new(DepthPolicy::default());
@@ -140,7 +181,10 @@ fn settles_at_plain_when_speculation_never_pays() {
         let late = &picks[20..];
         let share = share_near(late, 0, 0);
         assert!(share >= 0.9, "seed {seed}: plain in {share} of {late:?}");
-        assert!(late.iter().all(|&k| k <= 1), "seed {seed}: {late:?}");
+        // A deeper depth, extrapolated from depth 1 alone, may be tried once
+        // or twice before its measured cost rules it out.
+        let deep = late.iter().filter(|&&k| k > 1).count();
+        assert!(deep <= 2, "seed {seed}: {late:?}");
     }
 }
 
@@ -174,6 +218,7 @@ fn deep_on_a_flat_cost_curve_shallow_on_a_steep_one() {
         plain: 1.0e-2,
         c0: 1.05e-2,
         c1: 0.02e-2,
+        catch_up: 0.0,
         jitter: 0.2,
     };
     let steep = Sim {
@@ -181,6 +226,7 @@ fn deep_on_a_flat_cost_curve_shallow_on_a_steep_one() {
         plain: 1.0e-2,
         c0: 0.8e-2,
         c1: 0.8e-2,
+        catch_up: 0.0,
         jitter: 0.2,
     };
     assert_eq!(flat.best(), 6);
