@@ -106,7 +106,7 @@ fn all(args: &[String]) -> Result<()> {
     }
     let device = crate::gpu_check::device_info()?;
     let stamp = machine::stamp();
-    let mut rows = Vec::new();
+    let (mut rows, mut failed) = (Vec::new(), Vec::new());
     for s in SUITES {
         if only
             .as_ref()
@@ -118,14 +118,29 @@ fn all(args: &[String]) -> Result<()> {
             eprintln!("xtask: bench: skipping `{}` (needs cargo)", s.name);
             continue;
         }
-        let got = (s.run)(&[]).with_context(|| format!("bench suite `{}`", s.name))?;
-        rows.extend(got.into_iter().map(|r| stamped(r, s.name, &stamp, &device)));
+        match (s.run)(&[]) {
+            Ok(got) => rows.extend(got.into_iter().map(|r| stamped(r, s.name, &stamp, &device))),
+            // One failing suite does not lose the others' rows: it leaves an error row.
+            Err(e) => {
+                eprintln!("xtask: bench: suite `{}` failed: {e:#}", s.name);
+                failed.push(s.name);
+                let row = json!({"bench": s.name, "error": format!("{e:#}")});
+                rows.push(stamped(row, s.name, &stamp, &device));
+            }
+        }
     }
     let merged = merge_rows(read_rows(&out)?, rows);
     write_rows(&out, &merged)?;
     eprintln!("xtask: bench: {} rows in {}", merged.len(), out.display());
     if report {
         crate::report::render(&out)?;
+    }
+    if !failed.is_empty() {
+        bail!(
+            "bench suites failed: {} (error rows in {})",
+            failed.join(", "),
+            out.display()
+        );
     }
     Ok(())
 }
@@ -398,23 +413,27 @@ fn quantized_rows(args: &[String]) -> Result<Vec<Value>> {
                 &mut bins::command(MTP_RUNNER, &q)?,
             )?;
         }
-        rows.extend(model_rows(
-            args,
-            &dir,
-            &format!("tiny-mtp-q{bits}"),
-            "auto,3",
-            Some(bits),
-        )?);
+        let name = format!("tiny-mtp-q{bits}");
+        rows.extend(or_error_row(
+            &name,
+            model_rows(args, &dir, &name, "auto,3", Some(bits)),
+        ));
     }
     let hybrid = cmd::root().join(HYBRID);
-    rows.extend(model_rows(
-        args,
-        &hybrid,
+    rows.extend(or_error_row(
         "tiny-hybrid-mtp",
-        "auto,1,2,3,4",
-        None,
-    )?);
+        model_rows(args, &hybrid, "tiny-hybrid-mtp", "auto,1,2,3,4", None),
+    ));
     Ok(rows)
+}
+
+/// The rows, or one error row naming the model: one model's failure (say a
+/// kernel the device cannot build) does not lose the suite's other rows.
+fn or_error_row(model: &str, rows: Result<Vec<Value>>) -> Vec<Value> {
+    rows.unwrap_or_else(|e| {
+        eprintln!("xtask: bench: {model}: {e:#}");
+        vec![json!({"bench": "spec", "model": model, "error": format!("{e:#}")})]
+    })
 }
 
 /// The bundled hybrid model (Qwen3.5 layout: Gated DeltaNet + gated attention + MTP).

@@ -50,6 +50,9 @@ const CUDA_KEEP: &[&str] = &[
     "mlx/lib",
     "mlx/include/cccl",
     "mlx/include/mlx",
+    // The quantized matmul kernels (`qmm_*`, `cute_dequant.cuh`) include cute and cutlass.
+    "mlx/include/cute",
+    "mlx/include/cutlass",
     "mlx_cuda_13.libs",
 ];
 
