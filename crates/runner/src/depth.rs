@@ -79,6 +79,8 @@ pub struct DepthController {
     probe: Option<(usize, usize)>,
     /// The depth of the last recorded round (`None` before the first).
     last: Option<usize>,
+    /// Plain rounds since the last drafted one.
+    plain_run: usize,
 }
 
 impl DepthController {
@@ -103,6 +105,7 @@ impl DepthController {
             probe_up: true,
             probe: None,
             last: None,
+            plain_run: 0,
         }
     }
 
@@ -230,14 +233,18 @@ impl DepthController {
     /// the request) is not a cost sample: it carries the drafter's catch-up
     /// over the tokens committed meanwhile (the MTP head forwards its pending
     /// pairs, a draft model its pending tokens; the prompt, first of all),
-    /// a one-off of switching that later rounds at that depth do not pay.
+    /// that later rounds at that depth do not pay. Its excess over the
+    /// depth's modelled cost is charged to the plain tokens it caught up on.
     pub fn record(&mut self, drafted: usize, accepted: usize, seconds: f64) {
         let catch_up = drafted > 0 && self.last.is_none_or(|l| l == 0);
         tracing::trace!(drafted, accepted, ms = seconds * 1e3, catch_up, "round");
         self.acceptance.observe(drafted, accepted);
-        if !catch_up {
+        if catch_up {
+            self.cost.observe_catch_up(drafted, self.plain_run, seconds);
+        } else {
             self.cost.observe(drafted, seconds);
         }
+        self.plain_run = if drafted == 0 { self.plain_run + 1 } else { 0 };
         self.last = Some(drafted);
     }
 }

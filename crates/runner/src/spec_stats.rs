@@ -69,6 +69,17 @@ impl SpecStats {
             .collect()
     }
 
+    /// `histogram[d]`: rounds run at draft depth `d` (depth 0: plain steps),
+    /// up to the deepest depth used.
+    pub fn depth_histogram(&self) -> Vec<usize> {
+        let deepest = self.depth_over_time.iter().max().map_or(0, |&d| d + 1);
+        let mut h = vec![0; deepest];
+        for &d in &self.depth_over_time {
+            h[d] += 1;
+        }
+        h
+    }
+
     /// Tokens committed per round.
     pub fn mean_accepted_length(&self) -> f64 {
         if self.rounds == 0 {
@@ -103,5 +114,7 @@ mod tests {
         assert!((s.acceptance_rate() - 4.0 / 6.0).abs() < 1e-12);
         assert!((s.mean_accepted_length() - 7.0 / 3.0).abs() < 1e-12);
         assert_eq!(s.depth_over_time, vec![3, 3, 0]);
+        assert_eq!(s.depth_histogram(), vec![1, 0, 0, 2]);
+        assert_eq!(SpecStats::new("mtp").depth_histogram(), Vec::<usize>::new());
     }
 }

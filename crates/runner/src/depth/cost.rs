@@ -5,6 +5,9 @@
 //! Depth 0 runs the pipelined plain loop (the next forward is dispatched
 //! before the host reads the current token), so it is its own measurement and
 //! not a point of the line: a drafted round always waits for its forward.
+//! Its cost also carries the drafter's upkeep: the tokens of a plain stretch
+//! are forwarded through the draft head (or draft model) in one catch-up when
+//! drafting resumes, a cost per plain token that speculation-off would not pay.
 
 use std::collections::VecDeque;
 
@@ -19,49 +22,46 @@ const PRIOR_SLOPE: f64 = 0.2;
 /// (in samples × depth²): about one sample one depth away.
 const PRIOR_SLOPE_WEIGHT: f64 = 1.0;
 
-/// Recent round wall times per depth.
+/// The newest samples of one quantity, summarised by their median.
 #[derive(Debug, Clone)]
-pub(crate) struct CostModel {
-    /// `samples[d]`: the newest wall times of depth-`d` rounds in seconds, oldest first.
-    samples: Vec<VecDeque<f64>>,
-    window: usize,
+pub(crate) struct Window {
+    /// Oldest first; at most `cap`.
+    samples: VecDeque<f64>,
+    cap: usize,
 }
 
-impl CostModel {
-    /// No samples for depths `0..=max`, keeping the newest `window` per depth.
-    pub(crate) fn new(max: usize, window: usize) -> CostModel {
-        assert!(window > 0, "cost window {window}");
-        CostModel {
-            samples: vec![VecDeque::with_capacity(window); max + 1],
-            window,
+impl Window {
+    /// An empty window of `cap` samples.
+    pub(crate) fn new(cap: usize) -> Window {
+        assert!(cap > 0, "window of {cap} samples");
+        Window {
+            samples: VecDeque::with_capacity(cap),
+            cap,
         }
     }
 
-    /// Records a depth-`depth` round that took `seconds`.
-    pub(crate) fn observe(&mut self, depth: usize, seconds: f64) {
-        if !seconds.is_finite() || seconds <= 0.0 {
+    /// Adds a sample, dropping the oldest when full (non-finite ones are ignored).
+    pub(crate) fn push(&mut self, x: f64) {
+        if !x.is_finite() {
             return;
         }
-        if let Some(s) = self.samples.get_mut(depth) {
-            if s.len() == self.window {
-                s.pop_front();
-            }
-            s.push_back(seconds);
+        if self.samples.len() == self.cap {
+            self.samples.pop_front();
         }
+        self.samples.push_back(x);
     }
 
-    /// Samples held for `depth`.
-    pub(crate) fn count(&self, depth: usize) -> usize {
-        self.samples.get(depth).map_or(0, VecDeque::len)
+    /// Samples held.
+    pub(crate) fn len(&self) -> usize {
+        self.samples.len()
     }
 
-    /// The median wall time of `depth`, if measured.
-    pub(crate) fn median(&self, depth: usize) -> Option<f64> {
-        let s = self.samples.get(depth)?;
-        if s.is_empty() {
+    /// The median, if any sample is held.
+    pub(crate) fn median(&self) -> Option<f64> {
+        if self.samples.is_empty() {
             return None;
         }
-        let mut v: Vec<f64> = s.iter().copied().collect();
+        let mut v: Vec<f64> = self.samples.iter().copied().collect();
         v.sort_by(f64::total_cmp);
         let m = v.len() / 2;
         Some(if v.len() % 2 == 1 {
@@ -69,6 +69,76 @@ impl CostModel {
         } else {
             (v[m - 1] + v[m]) / 2.0
         })
+    }
+}
+
+/// Recent round wall times per depth, and the drafter's upkeep per plain token.
+#[derive(Debug, Clone)]
+pub(crate) struct CostModel {
+    /// `samples[d]`: the newest wall times of depth-`d` rounds in seconds.
+    samples: Vec<Window>,
+    /// Decayed sums of catch-up excess seconds and of the plain tokens they
+    /// caught up on: their ratio weighs a long stretch above a one-token probe.
+    upkeep: (f64, f64),
+}
+
+/// Per-catch-up decay of the upkeep sums.
+const UPKEEP_DECAY: f64 = 0.8;
+/// Samples a depth needs before a catch-up at it is compared with its median.
+const UPKEEP_MIN_SAMPLES: usize = 3;
+
+impl CostModel {
+    /// No samples for depths `0..=max`, keeping the newest `window` per depth.
+    pub(crate) fn new(max: usize, window: usize) -> CostModel {
+        CostModel {
+            samples: vec![Window::new(window); max + 1],
+            upkeep: (0.0, 0.0),
+        }
+    }
+
+    /// Records a depth-`depth` round that took `seconds`.
+    pub(crate) fn observe(&mut self, depth: usize, seconds: f64) {
+        if seconds <= 0.0 {
+            return;
+        }
+        if let Some(s) = self.samples.get_mut(depth) {
+            s.push(seconds);
+        }
+    }
+
+    /// Records a catch-up round at `depth` that took `seconds` after `plain`
+    /// plain tokens: its excess over the depth's median, shared among them.
+    /// Ignored until the depth and plain steps have medians; the excess is
+    /// capped at a plain step per token, so one stall cannot condemn plain.
+    pub(crate) fn observe_catch_up(&mut self, depth: usize, plain: usize, seconds: f64) {
+        if plain == 0 || !seconds.is_finite() || self.count(depth) < UPKEEP_MIN_SAMPLES {
+            return;
+        }
+        let (Some(c), Some(p)) = (self.median(depth), self.median(0)) else {
+            return;
+        };
+        let excess = (seconds - c).clamp(-c, p * plain as f64);
+        self.upkeep.0 = self.upkeep.0 * UPKEEP_DECAY + excess;
+        self.upkeep.1 = self.upkeep.1 * UPKEEP_DECAY + plain as f64;
+    }
+
+    /// The drafter's upkeep per plain token, 0 before a catch-up was measured.
+    pub(crate) fn upkeep(&self) -> f64 {
+        if self.upkeep.1 > 0.0 {
+            (self.upkeep.0 / self.upkeep.1).max(0.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// Samples held for `depth`.
+    pub(crate) fn count(&self, depth: usize) -> usize {
+        self.samples.get(depth).map_or(0, Window::len)
+    }
+
+    /// The median wall time of `depth`, if measured.
+    pub(crate) fn median(&self, depth: usize) -> Option<f64> {
+        self.samples.get(depth)?.median()
     }
 
     /// `(c0, c1)` of a drafted round's cost `c0 + c1·d`: a weighted least
@@ -100,8 +170,9 @@ impl CostModel {
         Some((c0, slope))
     }
 
-    /// The modelled cost of a depth-`depth` round: the plain median at 0
-    /// (or the line's intercept before plain was measured), else the line.
+    /// The modelled cost of a depth-`depth` round: at 0 the plain median (or
+    /// the line's intercept before plain was measured) plus the upkeep, else
+    /// the line.
     pub(crate) fn cost(&self, depth: usize) -> Option<f64> {
         self.costs().get(depth).copied().flatten()
     }
@@ -111,7 +182,10 @@ impl CostModel {
         let line = self.line();
         (0..self.samples.len())
             .map(|d| match (d, line) {
-                (0, _) => self.median(0).or(line.map(|l| l.0)),
+                (0, _) => self
+                    .median(0)
+                    .or(line.map(|l| l.0))
+                    .map(|c| c + self.upkeep()),
                 (_, Some((c0, c1))) => Some(c0 + c1 * d as f64),
                 (_, None) => None,
             })
@@ -142,6 +216,32 @@ mod tests {
         }
         assert_eq!(c.count(1), 3);
         assert_eq!(c.median(1), Some(1.0));
+    }
+
+    #[test]
+    fn catch_up_excess_is_shared_among_the_plain_tokens() {
+        let mut c = CostModel::new(2, WINDOW);
+        c.observe(0, 0.010);
+        c.observe(1, 0.012);
+        // Depth 1 not measured enough yet: ignored.
+        c.observe_catch_up(1, 10, 0.032);
+        assert_eq!(c.cost(0), Some(0.010));
+        for _ in 1..UPKEEP_MIN_SAMPLES {
+            c.observe(1, 0.012);
+        }
+        // 10 plain tokens, then a depth-1 round 20 ms over its 12 ms.
+        c.observe_catch_up(1, 10, 0.032);
+        let up = c.upkeep();
+        assert!((up - 0.002).abs() < 1e-12, "upkeep {up}");
+        let c0 = c.cost(0).unwrap();
+        assert!((c0 - 0.012).abs() < 1e-12, "cost(0) = {c0}");
+        // No plain tokens: nothing to share.
+        c.observe_catch_up(1, 0, 1.0);
+        assert!((c.upkeep() - 0.002).abs() < 1e-12);
+        // A 1 s stall after one plain token is capped at one plain step.
+        c.observe_catch_up(1, 1, 1.0);
+        let want = (0.8 * 0.020 + 0.010) / (0.8 * 10.0 + 1.0);
+        assert!((c.upkeep() - want).abs() < 1e-12, "upkeep {}", c.upkeep());
     }
 
     #[test]
