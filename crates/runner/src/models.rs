@@ -6,3 +6,4 @@ pub mod layers;
 pub mod llama;
 pub mod qwen3_5;
 pub mod rope;
+pub(crate) mod trunk_ends;

@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::model::Model;
 use crate::models::layers::{Embedding, Linear, LinearLayout, Mlp, RmsNorm};
 use crate::models::rope::Rope;
+use crate::models::trunk_ends::{TrunkEnds, load_lm_head, warn_unused};
 use crate::mtp::{MtpHead, MtpLayout};
 use crate::weights::Weights;
 use kvcache::{Cache, KvCache};
@@ -190,16 +191,9 @@ impl Layer {
 /// A Llama-family decoder.
 #[derive(Debug)]
 pub struct Llama {
-    config: ModelConfig,
-    embed: Embedding,
+    ends: TrunkEnds,
     layers: Vec<Layer>,
-    norm: RmsNorm,
-    /// `[H, V]`: the transposed view of `lm_head.weight`, or of the embedding when tied.
-    lm_head: Linear,
     rope: Rope,
-    /// The checkpoint's MTP head, loaded once; each request gets a copy with
-    /// fresh draft caches (the arrays are shared handles).
-    mtp: Option<MtpHead>,
 }
 
 impl Llama {
@@ -223,13 +217,7 @@ impl Llama {
             )?);
         }
         let norm = RmsNorm::load(w, "model.norm.weight", h, c.rms_norm_eps)?;
-        let lm_head = if c.tie_word_embeddings {
-            // A checkpoint may carry a redundant copy; the embedding is authoritative.
-            let _ = w.take_optional("lm_head.weight", &[c.vocab_size as i32, h as i32])?;
-            embed.as_linear(layout)?
-        } else {
-            Linear::load(w, "lm_head", h, c.vocab_size, false, layout)?
-        };
+        let lm_head = load_lm_head(c, w, &embed, layout)?;
         let rope = Rope::new(c.head_dim, c.rope_theta, &c.rope_scaling)?;
         // The head is gated on its tensors, not on the config's announcement.
         let mtp = match MtpLayout::detect(c, |name| w.contains(name)) {
@@ -246,33 +234,27 @@ impl Llama {
                 None
             }
         };
-        let left = w.remaining();
-        let unknown: Vec<&String> = left
-            .iter()
-            .filter(|n| !n.contains("rotary_emb.inv_freq"))
-            .collect();
-        if !unknown.is_empty() {
-            tracing::warn!(count = unknown.len(), first = %unknown[0], "unused tensors in checkpoint");
-        }
+        warn_unused(w);
         let m = Llama {
-            config: c.clone(),
-            embed,
+            ends: TrunkEnds {
+                config: c.clone(),
+                embed,
+                norm,
+                lm_head,
+                mtp,
+            },
             layers,
-            norm,
-            lm_head,
             rope,
-            mtp,
         };
         mlx_tensor::eval(&m.arrays())?;
         Ok(m)
     }
 
     fn arrays(&self) -> Vec<Array> {
-        let mut v = self.embed.arrays();
+        let mut v = self.ends.arrays();
         for l in &self.layers {
             v.extend(l.arrays());
         }
-        v.extend(self.lm_head.arrays());
         v.extend(self.rope.arrays());
         v
     }
@@ -280,34 +262,15 @@ impl Llama {
 
 impl Model for Llama {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array> {
-        assert_eq!(
-            caches.len(),
-            self.layers.len(),
-            "caches ({}) must match layers ({})",
-            caches.len(),
-            self.layers.len()
-        );
-        let l = tokens.dim(0);
-        let mut x = self
-            .embed
-            .forward(tokens)?
-            .reshape(&[1, l, self.config.hidden_size as i32])?;
+        let mut x = self.ends.embed(tokens, caches.len(), self.layers.len())?;
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             x = layer.forward(&x, cache.as_mut(), &self.rope)?;
         }
-        Ok(self
-            .norm
-            .forward(&x)?
-            .reshape(&[l, self.config.hidden_size as i32])?)
+        self.ends.finish(&x)
     }
 
     fn unembed(&self, hidden: &Array) -> Result<Array> {
-        let logits = self.lm_head.forward(hidden)?;
-        Ok(if logits.dtype() == mlx_tensor::Dtype::Float32 {
-            logits
-        } else {
-            logits.as_type(mlx_tensor::Dtype::Float32)?
-        })
+        self.ends.unembed(hidden)
     }
 
     fn new_caches(&self) -> Vec<Box<dyn Cache>> {
@@ -317,12 +280,10 @@ impl Model for Llama {
     }
 
     fn config(&self) -> &ModelConfig {
-        &self.config
+        &self.ends.config
     }
 
     fn mtp_head(&self) -> Option<Box<dyn mtp_draft::DraftHead>> {
-        self.mtp
-            .as_ref()
-            .map(|h| Box::new(h.fresh()) as Box<dyn mtp_draft::DraftHead>)
+        self.ends.mtp_head()
     }
 }

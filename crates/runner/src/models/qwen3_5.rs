@@ -4,15 +4,16 @@
 //! layer. The checkpoint format is in `docs/hybrid-format.md`.
 
 use kvcache::{Cache, KvCache, RecurrentCache};
-use mlx_tensor::{Array, Dtype};
+use mlx_tensor::Array;
 
 use crate::config::{HybridConfig, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::models::gated_attention::{GatedLayer, load_norm};
 use crate::models::gated_delta::GatedDeltaNet;
-use crate::models::layers::{Embedding, Linear, LinearLayout, Mlp, RmsNorm};
+use crate::models::layers::{Embedding, LinearLayout, Mlp, RmsNorm};
 use crate::models::rope::Rope;
+use crate::models::trunk_ends::{TrunkEnds, load_lm_head, warn_unused};
 use crate::mtp::{MtpHead, MtpLayout};
 use crate::weights::Weights;
 
@@ -39,13 +40,9 @@ enum Layer {
 /// A Qwen3.5 hybrid decoder.
 #[derive(Debug)]
 pub struct Qwen35 {
-    config: ModelConfig,
-    embed: Embedding,
+    ends: TrunkEnds,
     layers: Vec<Layer>,
-    norm: RmsNorm,
-    lm_head: Linear,
     rope: Rope,
-    mtp: Option<MtpHead>,
 }
 
 impl Qwen35 {
@@ -91,12 +88,7 @@ impl Qwen35 {
             });
         }
         let norm = load_norm(w, "model.norm.weight", h, eps, shift)?;
-        let lm_head = if c.tie_word_embeddings {
-            let _ = w.take_optional("lm_head.weight", &[c.vocab_size as i32, h as i32])?;
-            embed.as_linear(layout)?
-        } else {
-            Linear::load(w, "lm_head", h, c.vocab_size, false, layout)?
-        };
+        let lm_head = load_lm_head(c, w, &embed, layout)?;
         let rotary = (c.head_dim as f32 * c.partial_rotary_factor) as usize;
         let rope = Rope::new(rotary, c.rope_theta, &c.rope_scaling)?;
         let mtp = match MtpLayout::detect(c, |name| w.contains(name)) {
@@ -112,25 +104,24 @@ impl Qwen35 {
             }
             None => None,
         };
-        let left = w.remaining();
-        if !left.is_empty() {
-            tracing::warn!(count = left.len(), first = %left[0], "unused tensors in checkpoint");
-        }
+        warn_unused(w);
         let m = Qwen35 {
-            config: c.clone(),
-            embed,
+            ends: TrunkEnds {
+                config: c.clone(),
+                embed,
+                norm,
+                lm_head,
+                mtp,
+            },
             layers,
-            norm,
-            lm_head,
             rope,
-            mtp,
         };
         mlx_tensor::eval(&m.arrays())?;
         Ok(m)
     }
 
     fn arrays(&self) -> Vec<Array> {
-        let mut v = self.embed.arrays();
+        let mut v = self.ends.arrays();
         for l in &self.layers {
             match l {
                 Layer::Linear(l) => {
@@ -140,23 +131,13 @@ impl Qwen35 {
                 Layer::Full(l) => v.extend(l.arrays()),
             }
         }
-        v.extend(self.lm_head.arrays());
         v
     }
 }
 
 impl Model for Qwen35 {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array> {
-        assert_eq!(
-            caches.len(),
-            self.layers.len(),
-            "caches ({}) must match layers ({})",
-            caches.len(),
-            self.layers.len()
-        );
-        let l = tokens.dim(0);
-        let hs = self.config.hidden_size as i32;
-        let mut x = self.embed.forward(tokens)?.reshape(&[1, l, hs])?;
+        let mut x = self.ends.embed(tokens, caches.len(), self.layers.len())?;
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             x = match layer {
                 Layer::Full(b) => b.forward(&x, cache.as_mut(), &self.rope)?,
@@ -169,16 +150,11 @@ impl Model for Qwen35 {
                 }
             };
         }
-        Ok(self.norm.forward(&x)?.reshape(&[l, hs])?)
+        self.ends.finish(&x)
     }
 
     fn unembed(&self, hidden: &Array) -> Result<Array> {
-        let logits = self.lm_head.forward(hidden)?;
-        Ok(if logits.dtype() == Dtype::Float32 {
-            logits
-        } else {
-            logits.as_type(Dtype::Float32)?
-        })
+        self.ends.unembed(hidden)
     }
 
     fn new_caches(&self) -> Vec<Box<dyn Cache>> {
@@ -192,12 +168,10 @@ impl Model for Qwen35 {
     }
 
     fn config(&self) -> &ModelConfig {
-        &self.config
+        &self.ends.config
     }
 
     fn mtp_head(&self) -> Option<Box<dyn mtp_draft::DraftHead>> {
-        self.mtp
-            .as_ref()
-            .map(|h| Box::new(h.fresh()) as Box<dyn mtp_draft::DraftHead>)
+        self.ends.mtp_head()
     }
 }

@@ -1,7 +1,7 @@
 //! [`MtpHead`]: one MTP layer, implementing `mtp_draft::DraftHead`.
 
 use kvcache::{Cache, KvCache};
-use mlx_tensor::{Array, Dtype, ops};
+use mlx_tensor::{Array, ops};
 use mtp_draft::{DraftHead, HeadOutput};
 
 use super::layout::{MtpLayout, zero_centred_norms};
@@ -11,6 +11,7 @@ use crate::models::gated_attention::GatedLayer;
 use crate::models::layers::{Embedding, Linear, LinearLayout, RmsNorm};
 use crate::models::llama::{Layer, Variant};
 use crate::models::rope::Rope;
+use crate::models::trunk_ends::logits_f32;
 use crate::weights::Weights;
 
 /// A multi-token-prediction layer over a trunk's shared embedding and LM head.
@@ -216,12 +217,7 @@ impl DraftHead for MtpHead {
             } else {
                 out.clone()
             };
-            let logits = self.lm_head.forward(&x)?;
-            Ok(if logits.dtype() == Dtype::Float32 {
-                logits
-            } else {
-                logits.as_type(Dtype::Float32)?
-            })
+            logits_f32(&self.lm_head, &x)
         };
         run().map_err(|e| mtp_draft::Error::Head(Box::new(e)))
     }
