@@ -1,5 +1,6 @@
 //! Model families and their shared layers.
 
+pub(crate) mod attention;
 pub(crate) mod gated_attention;
 pub(crate) mod gated_delta;
 pub mod layers;

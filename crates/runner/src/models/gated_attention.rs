@@ -3,10 +3,11 @@
 //! full-attention decoder layer built on it, shared with the MTP head.
 
 use kvcache::Cache;
-use mlx_tensor::{Array, fast};
+use mlx_tensor::Array;
 
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::models::attention::AttentionCore;
 use crate::models::layers::{Linear, LinearLayout, Mlp, RmsNorm};
 use crate::models::rope::Rope;
 use crate::weights::Weights;
@@ -18,41 +19,21 @@ pub(crate) struct GatedAttention {
     k: Linear,
     v: Linear,
     o: Linear,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-    heads: i32,
-    kv_heads: i32,
-    head_dim: i32,
-    scale: f32,
+    core: AttentionCore,
 }
 
 impl GatedAttention {
     fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
+        let c = &self.core;
         let l = x.dim(1);
-        let d = self.head_dim;
-        let offset = cache.offset();
+        let d = c.head_dim;
         // Per head: [query D | gate D].
-        let qg = self.q.forward(x)?.reshape(&[1, l, self.heads, 2 * d])?;
+        let qg = self.q.forward(x)?.reshape(&[1, l, c.heads, 2 * d])?;
         let q = qg.slice_axis(3, 0, d)?;
-        let gate = qg
-            .slice_axis(3, d, 2 * d)?
-            .reshape(&[1, l, self.heads * d])?;
-        let q = self.q_norm.forward(&q)?.transpose(&[0, 2, 1, 3])?;
-        let k = self.k.forward(x)?.reshape(&[1, l, self.kv_heads, d])?;
-        let k = self.k_norm.forward(&k)?.transpose(&[0, 2, 1, 3])?;
-        let v = self
-            .v
-            .forward(x)?
-            .reshape(&[1, l, self.kv_heads, d])?
-            .transpose(&[0, 2, 1, 3])?;
-        let q = rope.forward(&q, offset)?;
-        let k = rope.forward(&k, offset)?;
-        let mask = cache.make_mask(l as usize)?;
-        let (keys, values) = cache.update_and_fetch(&k, &v)?;
-        let o = fast::scaled_dot_product_attention(&q, &keys, &values, self.scale, mask.as_fast())?;
-        let o = o
-            .transpose(&[0, 2, 1, 3])?
-            .reshape(&[1, l, self.heads * d])?;
+        let gate = qg.slice_axis(3, d, 2 * d)?.reshape(&[1, l, c.heads * d])?;
+        let k = c.split(&self.k.forward(x)?, c.kv_heads)?;
+        let v = c.split(&self.v.forward(x)?, c.kv_heads)?;
+        let o = c.attend(&q, &k, &v, cache, rope)?;
         self.o.forward(&o.multiply(&gate.sigmoid()?)?)
     }
 }
@@ -101,12 +82,11 @@ impl GatedLayer {
             k: Linear::load(w, &format!("{a}.k_proj"), h, nkv * d, bias, layout)?,
             v: Linear::load(w, &format!("{a}.v_proj"), h, nkv * d, bias, layout)?,
             o: Linear::load(w, &format!("{a}.o_proj"), nq * d, h, bias, layout)?,
-            q_norm: load_norm(w, &format!("{a}.q_norm.weight"), d, eps, shift)?,
-            k_norm: load_norm(w, &format!("{a}.k_norm.weight"), d, eps, shift)?,
-            heads: nq as i32,
-            kv_heads: nkv as i32,
-            head_dim: d as i32,
-            scale: 1.0 / (d as f32).sqrt(),
+            core: AttentionCore::new(
+                c,
+                Some(load_norm(w, &format!("{a}.q_norm.weight"), d, eps, shift)?),
+                Some(load_norm(w, &format!("{a}.k_norm.weight"), d, eps, shift)?),
+            ),
         };
         Ok(GatedLayer {
             input_norm: load_norm(

@@ -1,10 +1,11 @@
 //! The Llama family: Llama 2/3, Mistral, Qwen2/2.5 (q/k/v bias), Qwen3 (q/k RMSNorm).
 
-use mlx_tensor::{Array, fast};
+use mlx_tensor::Array;
 
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::model::Model;
+use crate::models::attention::AttentionCore;
 use crate::models::layers::{Embedding, Linear, LinearLayout, Mlp, RmsNorm};
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::{TrunkEnds, load_lm_head, warn_unused};
@@ -54,40 +55,16 @@ struct Attention {
     k: Linear,
     v: Linear,
     o: Linear,
-    q_norm: Option<RmsNorm>,
-    k_norm: Option<RmsNorm>,
-    heads: i32,
-    kv_heads: i32,
-    head_dim: i32,
-    scale: f32,
+    core: AttentionCore,
 }
 
 impl Attention {
     fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
-        let l = x.dim(1);
-        let offset = cache.offset();
-        let split = |y: Array, heads: i32, norm: &Option<RmsNorm>| -> Result<Array> {
-            let y = y.reshape(&[1, l, heads, self.head_dim])?;
-            let y = match norm {
-                Some(n) => n.forward(&y)?,
-                None => y,
-            };
-            Ok(y.transpose(&[0, 2, 1, 3])?)
-        };
-        let q = split(self.q.forward(x)?, self.heads, &self.q_norm)?;
-        let k = split(self.k.forward(x)?, self.kv_heads, &self.k_norm)?;
-        let v = split(self.v.forward(x)?, self.kv_heads, &None)?;
-        let q = rope.forward(&q, offset)?;
-        let k = rope.forward(&k, offset)?;
-        // The cache picks the mask (before the update): causal aligned at the end for
-        // L > 1, so a chunk at offset > 0 sees the whole prefix; none for one query.
-        let mask = cache.make_mask(l as usize)?;
-        let (keys, values) = cache.update_and_fetch(&k, &v)?;
-        let o = fast::scaled_dot_product_attention(&q, &keys, &values, self.scale, mask.as_fast())?;
-        let o = o
-            .transpose(&[0, 2, 1, 3])?
-            .reshape(&[1, l, self.heads * self.head_dim])?;
-        self.o.forward(&o)
+        let c = &self.core;
+        let q = c.split(&self.q.forward(x)?, c.heads)?;
+        let k = c.split(&self.k.forward(x)?, c.kv_heads)?;
+        let v = c.split(&self.v.forward(x)?, c.kv_heads)?;
+        self.o.forward(&c.attend(&q, &k, &v, cache, rope)?)
     }
 
     fn arrays(&self) -> Vec<Array> {
@@ -139,12 +116,7 @@ impl Layer {
             k: Linear::load(w, &format!("{a}.k_proj"), h, nkv * d, qkv_bias, layout)?,
             v: Linear::load(w, &format!("{a}.v_proj"), h, nkv * d, qkv_bias, layout)?,
             o: Linear::load(w, &format!("{a}.o_proj"), nq * d, h, bias_all, layout)?,
-            q_norm,
-            k_norm,
-            heads: nq as i32,
-            kv_heads: nkv as i32,
-            head_dim: d as i32,
-            scale: 1.0 / (d as f32).sqrt(),
+            core: AttentionCore::new(c, q_norm, k_norm),
         };
         Ok(Layer {
             input_norm: RmsNorm::load(w, &format!("{prefix}.input_layernorm.weight"), h, eps)?,
@@ -175,8 +147,8 @@ impl Layer {
         let mut out = self.clone();
         out.input_norm = self.input_norm.shifted_by_one()?;
         out.post_norm = self.post_norm.shifted_by_one()?;
-        out.attn.q_norm = shift(&self.attn.q_norm)?;
-        out.attn.k_norm = shift(&self.attn.k_norm)?;
+        out.attn.core.q_norm = shift(&self.attn.core.q_norm)?;
+        out.attn.core.k_norm = shift(&self.attn.core.k_norm)?;
         Ok(out)
     }
 

@@ -1,0 +1,76 @@
+//! [`AttentionCore`]: the part of multi-head attention every family shares
+//! between its projections: per-head q/k RMSNorm, RoPE at the cache's offset,
+//! the cache update and mask, and scaled dot-product attention.
+
+use kvcache::Cache;
+use mlx_tensor::{Array, fast};
+
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::models::layers::RmsNorm;
+use crate::models::rope::Rope;
+
+/// Head counts, scale and optional per-head q/k norms of one attention layer.
+#[derive(Debug, Clone)]
+pub(crate) struct AttentionCore {
+    pub(crate) q_norm: Option<RmsNorm>,
+    pub(crate) k_norm: Option<RmsNorm>,
+    pub(crate) heads: i32,
+    pub(crate) kv_heads: i32,
+    pub(crate) head_dim: i32,
+    scale: f32,
+}
+
+impl AttentionCore {
+    /// The heads of `c` (`1/√head_dim` scale) with the given q/k norms.
+    pub(crate) fn new(
+        c: &ModelConfig,
+        q_norm: Option<RmsNorm>,
+        k_norm: Option<RmsNorm>,
+    ) -> AttentionCore {
+        AttentionCore {
+            q_norm,
+            k_norm,
+            heads: c.num_attention_heads as i32,
+            kv_heads: c.num_key_value_heads as i32,
+            head_dim: c.head_dim as i32,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+        }
+    }
+
+    /// A projection `[1, L, n·D]` viewed as `n` heads: `[1, L, n, D]`.
+    pub(crate) fn split(&self, y: &Array, n: i32) -> Result<Array> {
+        Ok(y.reshape(&[1, y.dim(1), n, self.head_dim])?)
+    }
+
+    /// Attention of `q` `[1, L, heads, D]` over the cache extended by `k`, `v`
+    /// `[1, L, kv_heads, D]`, returned as `[1, L, heads·D]`.
+    pub(crate) fn attend(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        cache: &mut dyn Cache,
+        rope: &Rope,
+    ) -> Result<Array> {
+        let l = q.dim(1);
+        let offset = cache.offset();
+        let heads_first = |y: &Array, norm: &Option<RmsNorm>| -> Result<Array> {
+            let y = match norm {
+                Some(n) => n.forward(y)?,
+                None => y.clone(),
+            };
+            Ok(y.transpose(&[0, 2, 1, 3])?)
+        };
+        let q = rope.forward(&heads_first(q, &self.q_norm)?, offset)?;
+        let k = rope.forward(&heads_first(k, &self.k_norm)?, offset)?;
+        let v = heads_first(v, &None)?;
+        // The cache picks the mask (before the update): causal aligned at the end for
+        // L > 1, so a chunk at offset > 0 sees the whole prefix; none for one query.
+        let mask = cache.make_mask(l as usize)?;
+        let (keys, values) = cache.update_and_fetch(&k, &v)?;
+        let o = fast::scaled_dot_product_attention(&q, &keys, &values, self.scale, mask.as_fast())?;
+        Ok(o.transpose(&[0, 2, 1, 3])?
+            .reshape(&[1, l, self.heads * self.head_dim])?)
+    }
+}
