@@ -237,18 +237,7 @@ fn lines(text: &str) -> Vec<Value> {
 }
 
 fn gemm(args: &[String]) -> Result<Vec<Value>> {
-    let mut c = cmd::cargo();
-    c.args([
-        "run",
-        "--quiet",
-        "--release",
-        "-p",
-        "mlx-tensor",
-        "--example",
-        "gemm",
-        "--",
-    ])
-    .args(args);
+    let mut c = cmd::release_example("mlx-tensor", "gemm", args);
     let rows = lines(&cmd::output("bench gemm", &mut c)?);
     Ok(rows
         .into_iter()

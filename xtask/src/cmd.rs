@@ -30,6 +30,23 @@ pub fn cargo() -> Command {
     c
 }
 
+/// `cargo run --quiet --release -p {package} --example {example} -- {args}`.
+pub fn release_example(package: &str, example: &str, args: &[String]) -> Command {
+    let mut c = cargo();
+    c.args([
+        "run",
+        "--quiet",
+        "--release",
+        "-p",
+        package,
+        "--example",
+        example,
+        "--",
+    ])
+    .args(args);
+    c
+}
+
 /// Runs `cmd` to completion with inherited output; fails naming `what` when it fails.
 pub fn run(what: &str, cmd: &mut Command) -> Result<()> {
     eprintln!("xtask: {what}: {}", show(cmd));

@@ -10,17 +10,6 @@ use crate::cmd;
 
 /// Builds and runs the example, its output streamed.
 pub fn run(args: &[String]) -> Result<()> {
-    let mut c = cmd::cargo();
-    c.args([
-        "run",
-        "--quiet",
-        "--release",
-        "-p",
-        "runner",
-        "--example",
-        "soak",
-        "--",
-    ])
-    .args(args);
+    let mut c = cmd::release_example("runner", "soak", args);
     cmd::run("soak", &mut c)
 }
