@@ -1,6 +1,8 @@
 """Shared by train.py (dense Qwen3 models) and train_hybrid.py (Qwen3.5 hybrid): token data, the
-tokenizer/generation files of an exported folder, held-out evaluation, the command-line flags of the
-training loop, and the training loop itself.
+tokenizer/generation files of an exported folder, the model pieces both families build on (RMS
+normalisation, rotary tables, grouped-query attention, trunk and MTP containers, the tied-head model
+with its init and forward), held-out evaluation, the command-line flags of the training loop, and the
+training loop itself.
 
 A model family plugs in through a `Family`: its config for a --model name, a constructor, its export
 and its loader. Models must implement `forward(idx, mtp_next=None) -> (logits, mtp_logits | None)` and
@@ -20,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -69,6 +72,134 @@ def ensure_bins(data):
 
 def load_bin(path):
     return torch.from_numpy(np.fromfile(path, dtype="<u2").astype(np.int64))
+
+
+# ----------------------------------------------------------------------------- model pieces
+def rms_normalise(x, eps):
+    """x / sqrt(mean(x^2) + eps) over the last axis, in fp32 (the caller applies its weight)."""
+    x32 = x.float()
+    return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class NormWeight(nn.Module):
+    """An RMSNorm's state: `weight` [dim] (ones, or zeros when stored zero-centred) and `eps`."""
+
+    def __init__(self, dim, eps, zero_centred=False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centred else torch.ones(dim))
+        self.eps = eps
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RotaryTables(nn.Module):
+    """NeoX-style rotary cos/sin tables over `dim` dims for positions 0..max_pos-1 (not saved)."""
+
+    def __init__(self, dim, theta, max_pos):
+        super().__init__()
+        inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def rotate(self, x, T):  # x: [B, heads, T, dim]; positions 0..T-1
+        cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
+        return x * cos + rotate_half(x) * sin
+
+
+class AttentionProjections(nn.Module):
+    """q/k/v/o projections (q_proj `q_mult` times wider: 2 carries an output gate per head) and
+    per-head q/k norms made by `norm(dim, eps)`."""
+
+    def __init__(self, c, norm, q_mult=1):
+        super().__init__()
+        H, nh, nkv, hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+        self.nh, self.nkv, self.hd = nh, nkv, hd
+        self.q_proj = nn.Linear(H, nh * hd * q_mult, bias=False)
+        self.k_proj = nn.Linear(H, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(H, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, H, bias=False)
+        self.q_norm = norm(hd, c["rms_norm_eps"])
+        self.k_norm = norm(hd, c["rms_norm_eps"])
+
+    def attend(self, q, k, v):
+        """Causal grouped-query attention of q [B, nh, T, hd] over k, v [B, nkv, T, hd] -> [B, T, nh*hd]."""
+        B, _, T, _ = q.shape
+        v = v.to(q.dtype)
+        rep = self.nh // self.nkv
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return o.transpose(1, 2).reshape(B, T, self.nh * self.hd)
+
+
+class Trunk(nn.Module):  # HF prefix "model."
+    """Embedding, the decoder layers `layers()` returns (made after the embedding, so the RNG draws
+    keep their order) and the final norm."""
+
+    def __init__(self, c, layers, norm):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
+        self.layers = nn.ModuleList(layers())
+        self.norm = norm(c["hidden_size"], c["rms_norm_eps"])
+
+
+class MTP(nn.Module):  # HF prefix "mtp." (Qwen3.5 / Qwen3-Next layout)
+    def __init__(self, c, layer, norm):
+        super().__init__()
+        H = c["hidden_size"]
+        self.pre_fc_norm_embedding = norm(H, c["rms_norm_eps"])
+        self.pre_fc_norm_hidden = norm(H, c["rms_norm_eps"])
+        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.layers = nn.ModuleList([layer() for _ in range(c["mtp_num_hidden_layers"])])
+        self.norm = norm(H, c["rms_norm_eps"])
+
+
+class TiedMtpModel(nn.Module):
+    """A trunk with a tied LM head and an optional MTP head on (embed(t_{i+1}), h_i).
+
+    Subclasses build `model` (a Trunk), `mtp` (an MTP or None) and `rope`, then call `init_weights`."""
+
+    def init_weights(self, scaled_suffixes):
+        """N(0, 0.02) through `_init`, then the residual outputs (names ending in `scaled_suffixes`) at
+        0.02 / sqrt(2 * layers)."""
+        c = self.c
+        self.apply(self._init)
+        scale = 0.02 / math.sqrt(2 * (c["num_hidden_layers"] + c.get("mtp_num_hidden_layers", 0)))
+        for n, p in self.named_parameters():
+            if n.endswith(scaled_suffixes):
+                nn.init.normal_(p, std=scale)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def lm_head(self, h):
+        return F.linear(h, self.model.embed_tokens.weight)
+
+    def forward(self, idx, mtp_next=None):
+        """idx [B,T] -> (trunk logits [B,T,V], MTP logits [B,T,V] or None).
+
+        mtp_next [B,T]: token t_{i+1} for each position i (the next input token)."""
+        x = self.model.embed_tokens(idx)
+        for layer in self.model.layers:
+            x = layer(x, self.rope)
+        h = self.model.norm(x)  # post-final-norm hidden: what the MTP head consumes
+        logits = self.lm_head(h)
+        mtp_logits = None
+        if self.mtp is not None and mtp_next is not None:
+            e = self.mtp.pre_fc_norm_embedding(self.model.embed_tokens(mtp_next))
+            g = self.mtp.pre_fc_norm_hidden(h)
+            u = self.mtp.fc(torch.cat([e, g], dim=-1))  # embedding first
+            for layer in self.mtp.layers:
+                u = layer(u, self.rope)  # causal over MTP positions, RoPE position i
+            mtp_logits = self.lm_head(self.mtp.norm(u))
+        return logits, mtp_logits
 
 
 # ----------------------------------------------------------------------------- export

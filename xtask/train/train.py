@@ -29,7 +29,6 @@ Examples:
   python3 xtask/train/train.py --model target --out models/tiny-mtp --eval-only       # re-measure a checkpoint
 """
 import json
-import math
 import os
 import sys
 
@@ -40,7 +39,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 from common import (EOT_ID, IM_END_ID, IM_START_ID, CHAT_TEMPLATE, ensure_bins, evaluate,  # noqa: E402,F401
-                    load_bin, sha256_file)
+                    load_bin, rotate_half, sha256_file)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -59,53 +58,27 @@ OPT = {"target": (2e-3, 128), "draft": (3e-3, 128)}
 
 
 # ----------------------------------------------------------------------------- model
-class RMSNorm(nn.Module):
+class RMSNorm(common.NormWeight):
     """Qwen3RMSNorm: w * (x / sqrt(mean(x^2) + eps)), computed in fp32, plain weight (not zero-centred)."""
 
     def __init__(self, dim, eps):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        super().__init__(dim, eps)
 
     def forward(self, x):
-        dt = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dt)
+        return self.weight * common.rms_normalise(x, self.eps).to(x.dtype)
 
 
-def rotate_half(x):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-class Rope(nn.Module):
+class Rope(common.RotaryTables):
     def __init__(self, head_dim, theta, max_pos):
-        super().__init__()
-        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        t = torch.arange(max_pos, dtype=torch.float32)
-        freqs = torch.outer(t, inv)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        super().__init__(head_dim, theta, max_pos)
 
     def forward(self, q, k, T):  # q,k: [B, heads, T, hd]; positions 0..T-1
-        cos = self.cos[:T].to(q.dtype)
-        sin = self.sin[:T].to(q.dtype)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        return self.rotate(q, T), self.rotate(k, T)
 
 
-class Attention(nn.Module):
+class Attention(common.AttentionProjections):
     def __init__(self, c):
-        super().__init__()
-        H, nh, nkv, hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
-        self.nh, self.nkv, self.hd = nh, nkv, hd
-        self.q_proj = nn.Linear(H, nh * hd, bias=False)
-        self.k_proj = nn.Linear(H, nkv * hd, bias=False)
-        self.v_proj = nn.Linear(H, nkv * hd, bias=False)
-        self.o_proj = nn.Linear(nh * hd, H, bias=False)
-        self.q_norm = RMSNorm(hd, c["rms_norm_eps"])
-        self.k_norm = RMSNorm(hd, c["rms_norm_eps"])
+        super().__init__(c, RMSNorm)
 
     def forward(self, x, rope):
         B, T, _ = x.shape
@@ -113,12 +86,7 @@ class Attention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(B, T, self.nkv, self.hd)).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
         q, k = rope(q, k, T)
-        v = v.to(q.dtype)
-        rep = self.nh // self.nkv
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+        return self.o_proj(self.attend(q, k, v))
 
 
 class MLP(nn.Module):
@@ -146,65 +114,14 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Trunk(nn.Module):  # HF prefix "model."
-    def __init__(self, c):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
-        self.layers = nn.ModuleList([DecoderLayer(c) for _ in range(c["num_hidden_layers"])])
-        self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
-
-
-class MTP(nn.Module):  # HF prefix "mtp." (Qwen3.5 / Qwen3-Next layout)
-    def __init__(self, c):
-        super().__init__()
-        H = c["hidden_size"]
-        self.pre_fc_norm_embedding = RMSNorm(H, c["rms_norm_eps"])
-        self.pre_fc_norm_hidden = RMSNorm(H, c["rms_norm_eps"])
-        self.fc = nn.Linear(2 * H, H, bias=False)
-        self.layers = nn.ModuleList([DecoderLayer(c) for _ in range(c["mtp_num_hidden_layers"])])
-        self.norm = RMSNorm(H, c["rms_norm_eps"])
-
-
-class TinyQwen3(nn.Module):
+class TinyQwen3(common.TiedMtpModel):
     def __init__(self, c):
         super().__init__()
         self.c = c
-        self.model = Trunk(c)
-        self.mtp = MTP(c) if c.get("mtp_num_hidden_layers", 0) > 0 else None
+        self.model = common.Trunk(c, lambda: [DecoderLayer(c) for _ in range(c["num_hidden_layers"])], RMSNorm)
+        self.mtp = common.MTP(c, lambda: DecoderLayer(c), RMSNorm) if c.get("mtp_num_hidden_layers", 0) > 0 else None
         self.rope = Rope(c["head_dim"], c["rope_theta"], c["max_position_embeddings"])
-        self.apply(self._init)
-        scale = 0.02 / math.sqrt(2 * (c["num_hidden_layers"] + c.get("mtp_num_hidden_layers", 0)))
-        for n, p in self.named_parameters():
-            if n.endswith("o_proj.weight") or n.endswith("down_proj.weight"):
-                nn.init.normal_(p, std=scale)
-
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-
-    def lm_head(self, h):
-        return F.linear(h, self.model.embed_tokens.weight)
-
-    def forward(self, idx, mtp_next=None):
-        """idx [B,T] -> (trunk logits [B,T,V], MTP logits [B,T,V] or None).
-
-        mtp_next [B,T]: token t_{i+1} for each position i (the next input token)."""
-        T = idx.shape[1]
-        x = self.model.embed_tokens(idx)
-        for layer in self.model.layers:
-            x = layer(x, self.rope)
-        h = self.model.norm(x)  # post-final-norm hidden: what the MTP head consumes
-        logits = self.lm_head(h)
-        mtp_logits = None
-        if self.mtp is not None and mtp_next is not None:
-            e = self.mtp.pre_fc_norm_embedding(self.model.embed_tokens(mtp_next))
-            g = self.mtp.pre_fc_norm_hidden(h)
-            u = self.mtp.fc(torch.cat([e, g], dim=-1))  # embedding first
-            for layer in self.mtp.layers:
-                u = layer(u, self.rope)  # causal over MTP positions, RoPE position i
-            mtp_logits = self.lm_head(self.mtp.norm(u))
-        return logits, mtp_logits
+        self.init_weights(("o_proj.weight", "down_proj.weight"))
 
 
 # ----------------------------------------------------------------------------- export

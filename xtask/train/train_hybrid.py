@@ -37,7 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 from common import EOT_ID  # noqa: E402
-from train import MLP, TinyQwen3, rotate_half  # noqa: E402
+from train import MLP  # noqa: E402
 
 CONFIGS = {
     "hybrid": dict(hidden_size=256, num_hidden_layers=6, full_attention_interval=3,
@@ -137,67 +137,46 @@ def l2norm(x, eps=1e-6):
 
 
 # ----------------------------------------------------------------------------- model
-class ZCRMSNorm(nn.Module):
+class ZCRMSNorm(common.NormWeight):
     """Qwen3_5RMSNorm: x / sqrt(mean(x^2) + eps) * (1 + w), fp32; w stored zero-centred (init 0)."""
 
     def __init__(self, dim, eps):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
+        super().__init__(dim, eps, zero_centred=True)
 
     def forward(self, x):
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * (1.0 + self.weight.float())).type_as(x)
+        return (common.rms_normalise(x, self.eps) * (1.0 + self.weight.float())).type_as(x)
 
 
-class GatedRMSNorm(nn.Module):
+class GatedRMSNorm(common.NormWeight):
     """Qwen3_5RMSNormGated: w * norm(x) * silu(z), plain weight (init 1)."""
 
     def __init__(self, dim, eps):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        super().__init__(dim, eps)
 
     def forward(self, x, z):
         dt = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * x32.to(dt) * F.silu(z.float())).to(dt)
+        return (self.weight * common.rms_normalise(x, self.eps).to(dt) * F.silu(z.float())).to(dt)
 
 
-class PartialRope(nn.Module):
+class PartialRope(common.RotaryTables):
     """NeoX-style rotary embedding on the first rot = head_dim * partial_rotary_factor dims; the rest pass."""
 
     def __init__(self, head_dim, factor, theta, max_pos):
-        super().__init__()
-        self.rot = int(head_dim * factor)
-        inv = 1.0 / (theta ** (torch.arange(0, self.rot, 2, dtype=torch.int64).float() / self.rot))
-        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        rot = int(head_dim * factor)
+        super().__init__(rot, theta, max_pos)
+        self.rot = rot
 
     def forward(self, x, T):  # x: [B, heads, T, hd]
-        cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
         r, p = x[..., :self.rot], x[..., self.rot:]
-        return torch.cat([r * cos + rotate_half(r) * sin, p], dim=-1)
+        return torch.cat([self.rotate(r, T), p], dim=-1)
 
 
-class GatedAttention(nn.Module):
+class GatedAttention(common.AttentionProjections):
     """Qwen3.5 full attention: q_proj gives [query | gate] per head, q/k norms, partial RoPE, GQA,
     output * sigmoid(gate) before o_proj."""
 
     def __init__(self, c):
-        super().__init__()
-        H, nh, nkv, hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
-        self.nh, self.nkv, self.hd = nh, nkv, hd
-        self.q_proj = nn.Linear(H, nh * hd * 2, bias=False)
-        self.k_proj = nn.Linear(H, nkv * hd, bias=False)
-        self.v_proj = nn.Linear(H, nkv * hd, bias=False)
-        self.o_proj = nn.Linear(nh * hd, H, bias=False)
-        self.q_norm = ZCRMSNorm(hd, c["rms_norm_eps"])
-        self.k_norm = ZCRMSNorm(hd, c["rms_norm_eps"])
+        super().__init__(c, ZCRMSNorm, q_mult=2)
 
     def forward(self, x, rope):
         B, T, _ = x.shape
@@ -205,13 +184,8 @@ class GatedAttention(nn.Module):
         gate = gate.reshape(B, T, self.nh * self.hd)
         q = rope(self.q_norm(q).transpose(1, 2), T)
         k = rope(self.k_norm(self.k_proj(x).view(B, T, self.nkv, self.hd)).transpose(1, 2), T)
-        v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2).to(q.dtype)
-        rep = self.nh // self.nkv
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        o = o.transpose(1, 2).reshape(B, T, self.nh * self.hd)
-        return self.o_proj(o * torch.sigmoid(gate))
+        v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
+        return self.o_proj(self.attend(q, k, v) * torch.sigmoid(gate))
 
 
 class GatedDeltaNet(nn.Module):
@@ -279,38 +253,18 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Trunk(nn.Module):  # HF prefix "model."
-    def __init__(self, c):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
-        self.layers = nn.ModuleList([DecoderLayer(c, t) for t in layer_types(c)])
-        self.norm = ZCRMSNorm(c["hidden_size"], c["rms_norm_eps"])
+class TinyQwen35(common.TiedMtpModel):
+    """Trunk, tied LM head, MTP head and forward as train.py's dense model (common.TiedMtpModel)."""
 
-
-class MTP(nn.Module):  # HF prefix "mtp." (Qwen3.5 layout)
-    def __init__(self, c):
-        super().__init__()
-        H = c["hidden_size"]
-        self.pre_fc_norm_embedding = ZCRMSNorm(H, c["rms_norm_eps"])
-        self.pre_fc_norm_hidden = ZCRMSNorm(H, c["rms_norm_eps"])
-        self.fc = nn.Linear(2 * H, H, bias=False)
-        self.layers = nn.ModuleList([DecoderLayer(c, "full_attention") for _ in range(c["mtp_num_hidden_layers"])])
-        self.norm = ZCRMSNorm(H, c["rms_norm_eps"])
-
-
-class TinyQwen35(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.c = c
-        self.model = Trunk(c)
-        self.mtp = MTP(c) if c.get("mtp_num_hidden_layers", 0) > 0 else None
+        self.model = common.Trunk(c, lambda: [DecoderLayer(c, t) for t in layer_types(c)], ZCRMSNorm)
+        self.mtp = (common.MTP(c, lambda: DecoderLayer(c, "full_attention"), ZCRMSNorm)
+                    if c.get("mtp_num_hidden_layers", 0) > 0 else None)
         self.rope = PartialRope(c["head_dim"], c["partial_rotary_factor"], c["rope_theta"],
                                 c["max_position_embeddings"])
-        self.apply(self._init)
-        scale = 0.02 / math.sqrt(2 * (c["num_hidden_layers"] + c.get("mtp_num_hidden_layers", 0)))
-        for n, p in self.named_parameters():
-            if n.endswith(("o_proj.weight", "down_proj.weight", "out_proj.weight")):
-                nn.init.normal_(p, std=scale)
+        self.init_weights(("o_proj.weight", "down_proj.weight", "out_proj.weight"))
 
     @staticmethod
     def _init(m):
@@ -324,11 +278,6 @@ class TinyQwen35(nn.Module):
                 m.A_log.copy_(torch.empty(m.nv).uniform_(1, 16).log())
                 dt = torch.exp(torch.empty(m.nv).uniform_(math.log(1e-3), math.log(1e-1)))
                 m.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
-
-    # the same head and forward as train.py's dense model: trunk -> post-final-norm h -> tied LM head,
-    # and the MTP head on (embed(t_{i+1}), h_i)
-    lm_head = TinyQwen3.lm_head
-    forward = TinyQwen3.forward
 
 
 # ----------------------------------------------------------------------------- export
