@@ -9,7 +9,6 @@ and its loader. Models must implement `forward(idx, mtp_next=None) -> (logits, m
 have an `mtp` attribute (None without an MTP head).
 """
 import contextlib
-import hashlib
 import json
 import lzma
 import math
@@ -25,6 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from build_corpus import sha256_file  # stdlib only: build_corpus.py runs without torch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 EOT_ID, IM_START_ID, IM_END_ID = 0, 1, 2
 
@@ -37,14 +38,6 @@ CHAT_TEMPLATE = (
 
 
 # ----------------------------------------------------------------------------- data
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def ensure_bins(data):
     if os.path.exists(os.path.join(data, "train.bin")) and os.path.exists(os.path.join(data, "heldout.bin")):
         return
