@@ -1,20 +1,22 @@
 //! Choosing the draft depth per round: fixed, or the depth that maximises
 //! expected committed tokens per second.
 //!
-//! The auto controller keeps two models. [`Acceptance`]: the conditional
-//! rate `a_i` of each draft position (accepted given that drafts `1..i` were),
-//! from decayed counts of the rounds that reached it, so it follows the text.
-//! [`CostModel`]: the median of the recent wall times of each depth, and a
-//! least-squares line `c0 + c1·d` through the drafting depths, so a depth not
-//! yet tried is extrapolated rather than assumed bad. Depth 0 is the pipelined
-//! plain loop, measured on its own. Each round takes
+//! The auto controller keeps two models. Acceptance (`depth/acceptance.rs`):
+//! the conditional rate `a_i` of each draft position (accepted given that
+//! drafts `1..i` were), from decayed counts of the rounds that reached it, so
+//! it follows the text. Cost (`depth/cost.rs`): the median of the recent wall
+//! times of each depth, a least-squares line `c0 + c1·d` through the drafting
+//! depths so a depth not yet tried is extrapolated rather than assumed bad,
+//! and for depth 0 (the pipelined plain loop, measured on its own) the
+//! drafter's catch-up per plain token. Each round takes
 //! `argmax_d E[committed | d] / cost(d)` with
 //! `E[committed | d] = 1 + Σ_{j≤d} Π_{i≤j} a_i` (the bonus or replacement
 //! token always commits), so speculation switches itself off when it does not
 //! pay. Every few rounds it probes a neighbour of the best depth (one deeper,
 //! then one shallower) so stale estimates get refreshed; the interval doubles
 //! while probes leave the choice alone and resets when the choice moves.
-//! Each decision is logged at `debug` level (target `runner::depth`).
+//! Each decision is logged at `debug` level and each round at `trace` level
+//! (target `runner::depth`).
 
 mod acceptance;
 mod cost;
@@ -229,12 +231,11 @@ impl DepthController {
 
     /// Records a finished round: `drafted` tokens proposed, `accepted` kept, `seconds` of wall time.
     ///
-    /// The wall time of a drafted round right after plain steps (or first in
-    /// the request) is not a cost sample: it carries the drafter's catch-up
-    /// over the tokens committed meanwhile (the MTP head forwards its pending
-    /// pairs, a draft model its pending tokens; the prompt, first of all),
-    /// that later rounds at that depth do not pay. Its excess over the
-    /// depth's modelled cost is charged to the plain tokens it caught up on.
+    /// A drafted round right after plain steps (or first in the request) is
+    /// not a cost sample of its depth: it carries the drafter's catch-up over
+    /// the tokens committed meanwhile (the MTP head forwards its pending
+    /// pairs, a draft model its pending tokens; first of all, the prompt's).
+    /// Its excess over the depth's median is charged to those plain tokens.
     pub fn record(&mut self, drafted: usize, accepted: usize, seconds: f64) {
         let catch_up = drafted > 0 && self.last.is_none_or(|l| l == 0);
         tracing::trace!(drafted, accepted, ms = seconds * 1e3, catch_up, "round");
@@ -307,7 +308,7 @@ mod tests {
     #[test]
     fn a_budget_caps_an_auto_choice() {
         let mut d = DepthController::new(DepthPolicy::Auto { max: 6 });
-        assert_eq!(d.choose(1), 1);
+        assert_eq!(d.choose(0), 0);
     }
 
     #[test]

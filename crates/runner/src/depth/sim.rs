@@ -141,51 +141,55 @@ fn the_simulations_have_the_intended_best_depths() {
     assert_eq!(tiny_mtp_cpu(0.0).best(), 1);
 }
 
+/// Runs `sim` from a fresh controller for `rounds` rounds with seeds
+/// `1..=10`; after the first `skip`, at least `min_share` of the picks must
+/// be `want` (which must also be the most frequent). Returns the late picks.
+fn check_settles(
+    sim: &Sim,
+    rounds: usize,
+    skip: usize,
+    want: usize,
+    min_share: f64,
+) -> Vec<Vec<usize>> {
+    (1..=10)
+        .map(|seed| {
+            let mut d = DepthController::new(DepthPolicy::default());
+            let picks = sim.run(&mut d, rounds, seed);
+            let late = picks[skip..].to_vec();
+            assert_eq!(mode(&late), want, "seed {seed}, {sim:?}: {picks:?}");
+            let share = share_near(&late, want, 0);
+            assert!(
+                share >= min_share,
+                "seed {seed}, {sim:?}: {want} in {share} of {late:?}"
+            );
+            late
+        })
+        .collect()
+}
+
 #[test]
 fn a_catch_up_after_plain_stretches_does_not_hide_a_paying_depth() {
-    // Seeds 1..=10, ±30% jitter: rounds 40..240 are mostly depth 1.
-    let sim = tiny_mtp_cpu(0.3);
-    for seed in 1..=10 {
-        let mut d = DepthController::new(DepthPolicy::default());
-        let picks = sim.run(&mut d, 240, seed);
-        let late = &picks[40..];
-        assert_eq!(mode(late), 1, "seed {seed}: {picks:?}");
-        let share = share_near(late, 1, 0);
-        assert!(share >= 0.8, "seed {seed}: depth 1 in {share} of {late:?}");
-    }
+    // ±30% jitter: rounds 40..240 are mostly depth 1.
+    check_settles(&tiny_mtp_cpu(0.3), 240, 40, 1, 0.8);
 }
 
 #[test]
 fn converges_to_the_best_depth_within_forty_rounds() {
-    // Seeds 1..=10; after 40 rounds, the next 200 are mostly depth 3 (the
-    // rest are probes of 2 and 4, and Bernoulli noise in the acceptance
-    // estimates: about 30 rounds' worth per position).
-    let sim = depth_three_best(0.0);
-    for seed in 1..=10 {
-        let mut d = DepthController::new(DepthPolicy::default());
-        let picks = sim.run(&mut d, 240, seed);
-        let late = &picks[40..];
-        assert_eq!(mode(late), 3, "seed {seed}: {picks:?}");
-        let share = share_near(late, 3, 0);
-        assert!(share >= 0.8, "seed {seed}: depth 3 in {share} of {late:?}");
-    }
+    // After 40 rounds, the next 200 are mostly depth 3 (the rest are probes
+    // of 2 and 4, and Bernoulli noise in the acceptance estimates: about 30
+    // rounds' worth per position).
+    check_settles(&depth_three_best(0.0), 240, 40, 3, 0.8);
 }
 
 #[test]
 fn settles_at_plain_when_speculation_never_pays() {
-    // Seeds 1..=10: after the 7 seeding rounds and a short settling, at most
-    // one round in ten drafts (the probes of depth 1 back off to 2 in 64).
-    let sim = speculation_never_pays(0.0);
-    for seed in 1..=10 {
-        let mut d = DepthController::new(DepthPolicy::default());
-        let picks = sim.run(&mut d, 300, seed);
-        let late = &picks[20..];
-        let share = share_near(late, 0, 0);
-        assert!(share >= 0.9, "seed {seed}: plain in {share} of {late:?}");
+    // After the 7 seeding rounds and a short settling, at most one round in
+    // ten drafts (the probes of depth 1 back off to 2 in 64).
+    for late in check_settles(&speculation_never_pays(0.0), 300, 20, 0, 0.9) {
         // A deeper depth, extrapolated from depth 1 alone, may be tried once
         // or twice before its measured cost rules it out.
         let deep = late.iter().filter(|&&k| k > 1).count();
-        assert!(deep <= 2, "seed {seed}: {late:?}");
+        assert!(deep <= 2, "{late:?}");
     }
 }
 
