@@ -50,6 +50,8 @@ pub struct SpeculationReport {
     pub mean_accepted_length: f64,
     /// The draft depth of each round.
     pub depth_over_time: Vec<usize>,
+    /// Rounds per draft depth: entry `d` counts the rounds drafted `d` deep.
+    pub depth_histogram: Vec<usize>,
 }
 
 impl SpeculationReport {
@@ -65,6 +67,7 @@ impl SpeculationReport {
                 per_position_acceptance: s.per_position_acceptance(),
                 mean_accepted_length: s.mean_accepted_length(),
                 depth_over_time: s.depth_over_time.clone(),
+                depth_histogram: s.depth_histogram(),
             },
             None => SpeculationReport {
                 method: "off".into(),
@@ -79,6 +82,7 @@ impl SpeculationReport {
                     0.0
                 },
                 depth_over_time: Vec::new(),
+                depth_histogram: Vec::new(),
             },
         }
     }

@@ -104,6 +104,21 @@ fn check_speculation(out: &Value, max_depth: usize) -> Value {
     assert_eq!(depths.len(), rounds, "len(depth_over_time) == rounds: {s}");
     assert_eq!(depths.iter().sum::<usize>(), drafted, "{s}");
     assert!(depths.iter().all(|&d| d <= max_depth), "{depths:?}");
+    let histogram: Vec<usize> = s["depth_histogram"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap() as usize)
+        .collect();
+    assert_eq!(
+        histogram.iter().sum::<usize>(),
+        rounds,
+        "histogram counts rounds: {s}"
+    );
+    for (d, &n) in histogram.iter().enumerate() {
+        let seen = depths.iter().filter(|&&x| x == d).count();
+        assert_eq!(n, seen, "rounds at depth {d}: {s}");
+    }
     let per_position = s["per_position_acceptance"].as_array().unwrap();
     assert_eq!(
         per_position.len(),
