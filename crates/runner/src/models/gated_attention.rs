@@ -8,7 +8,7 @@ use mlx_tensor::Array;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::models::attention::AttentionCore;
-use crate::models::layers::{Linear, LinearLayout, Mlp, RmsNorm};
+use crate::models::layers::{Linear, LinearLayout, Mlp, RmsNorm, pre_norm_block};
 use crate::models::rope::Rope;
 use crate::weights::Weights;
 
@@ -110,12 +110,13 @@ impl GatedLayer {
 
     /// The block over `x` `[1, L, H]`, appending its keys and values to `cache`.
     pub(crate) fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
-        let a = self
-            .attn
-            .forward(&self.input_norm.forward(x)?, cache, rope)?;
-        let h = x.add(&a)?;
-        let m = self.mlp.forward(&self.post_norm.forward(&h)?)?;
-        Ok(h.add(&m)?)
+        pre_norm_block(
+            x,
+            &self.input_norm,
+            |n| self.attn.forward(n, cache, rope),
+            &self.post_norm,
+            &self.mlp,
+        )
     }
 
     /// The arrays to evaluate at load.

@@ -6,7 +6,7 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::model::Model;
 use crate::models::attention::AttentionCore;
-use crate::models::layers::{Embedding, Linear, LinearLayout, Mlp, RmsNorm};
+use crate::models::layers::{Embedding, Linear, LinearLayout, Mlp, RmsNorm, pre_norm_block};
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::{TrunkEnds, load_lm_head, warn_unused};
 use crate::mtp::{MtpHead, MtpLayout};
@@ -133,12 +133,13 @@ impl Layer {
 
     /// The block over `x` `[1, L, H]`, appending its keys and values to `cache`.
     pub(crate) fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
-        let a = self
-            .attn
-            .forward(&self.input_norm.forward(x)?, cache, rope)?;
-        let h = x.add(&a)?;
-        let m = self.mlp.forward(&self.post_norm.forward(&h)?)?;
-        Ok(h.add(&m)?)
+        pre_norm_block(
+            x,
+            &self.input_norm,
+            |n| self.attn.forward(n, cache, rope),
+            &self.post_norm,
+            &self.mlp,
+        )
     }
 
     /// The same block with every RMSNorm weight shifted by one (zero-centred checkpoints).

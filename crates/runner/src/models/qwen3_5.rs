@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::models::gated_attention::{GatedLayer, load_norm};
 use crate::models::gated_delta::GatedDeltaNet;
-use crate::models::layers::{Embedding, LinearLayout, Mlp, RmsNorm};
+use crate::models::layers::{Embedding, LinearLayout, Mlp, RmsNorm, pre_norm_block};
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::{TrunkEnds, load_lm_head, warn_unused};
 use crate::mtp::{MtpHead, MtpLayout};
@@ -141,13 +141,13 @@ impl Model for Qwen35 {
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             x = match layer {
                 Layer::Full(b) => b.forward(&x, cache.as_mut(), &self.rope)?,
-                Layer::Linear(b) => {
-                    let r = b
-                        .mixer
-                        .forward(&b.input_norm.forward(&x)?, cache.as_mut())?;
-                    let h = x.add(&r)?;
-                    h.add(&b.mlp.forward(&b.post_norm.forward(&h)?)?)?
-                }
+                Layer::Linear(b) => pre_norm_block(
+                    &x,
+                    &b.input_norm,
+                    |n| b.mixer.forward(n, cache.as_mut()),
+                    &b.post_norm,
+                    &b.mlp,
+                )?,
             };
         }
         self.ends.finish(&x)
