@@ -2,29 +2,17 @@
 //! reused prefix, the interactive form with `/stats`, and the error for a
 //! model without a chat template.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use runner::testing::{Arch, Fixture, write_checkpoint};
 
-const BIN: &str = env!("CARGO_BIN_EXE_mtp-runner");
+mod common;
+use common::run_with_stdin;
+
 const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/tiny-mtp");
 
 fn run(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    run_with_stdin(args, stdin.as_bytes())
 }
 
 #[test]

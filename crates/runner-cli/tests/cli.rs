@@ -2,47 +2,18 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-use runner::testing::{Arch, Fixture, write_checkpoint};
+use runner::testing::{Arch, Fixture};
 
-const BIN: &str = env!("CARGO_BIN_EXE_mtp-runner");
-
-fn fixture(fx: &Fixture) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), fx, 3).unwrap();
-    dir
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().unwrap()
-}
-
-fn model_args<'a>(dir: &'a Path, rest: &[&'a str]) -> Vec<&'a str> {
-    let mut v = vec!["generate", "--model", dir.to_str().unwrap()];
-    v.extend_from_slice(rest);
-    v
-}
-
-/// Runs and checks the exit code and that stderr mentions each of `needles`.
-fn check(args: &[&str], code: i32, needles: &[&str]) -> Output {
-    let out = run(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(code), "{args:?}: stderr {err}");
-    for n in needles {
-        assert!(
-            err.contains(n),
-            "{args:?}: stderr `{err}` should mention `{n}`"
-        );
-    }
-    out
-}
+mod common;
+use common::{BIN, check, fixture, generate_args};
 
 #[test]
 fn json_output_has_the_documented_keys() {
     let dir = fixture(&Fixture::new(Arch::Qwen3));
     let out = check(
-        &model_args(dir.path(), &["--prompt", "hi", "-n", "6", "--json"]),
+        &generate_args(dir.path(), &["--prompt", "hi", "-n", "6", "--json"]),
         0,
         &[],
     );
@@ -67,7 +38,7 @@ fn json_output_has_the_documented_keys() {
 #[test]
 fn streamed_text_equals_json_text_and_stdin_works() {
     let dir = fixture(&Fixture::new(Arch::Llama));
-    let args = model_args(
+    let args = generate_args(
         dir.path(),
         &[
             "--prompt",
@@ -91,7 +62,7 @@ fn streamed_text_equals_json_text_and_stdin_works() {
     );
     // The same prompt through stdin.
     let mut child = Command::new(BIN)
-        .args(model_args(
+        .args(generate_args(
             dir.path(),
             &["-n", "10", "--seed", "1", "--temperature", "0.8", "--json"],
         ))
@@ -111,33 +82,33 @@ fn bad_input_exits_2_with_a_named_cause() {
     let dir = fixture(&Fixture::new(Arch::Qwen3));
     let d = dir.path();
     check(
-        &model_args(Path::new("/nonexistent/model"), &["--prompt", "x"]),
+        &generate_args(Path::new("/nonexistent/model"), &["--prompt", "x"]),
         2,
         &["config.json"],
     );
     check(
-        &model_args(d, &["--prompt", "x", "--top-p", "0"]),
+        &generate_args(d, &["--prompt", "x", "--top-p", "0"]),
         2,
         &["top_p"],
     );
     check(
-        &model_args(d, &["--prompt", "x", "--temperature", "-1"]),
+        &generate_args(d, &["--prompt", "x", "--temperature", "-1"]),
         2,
         &["temperature"],
     );
     check(
-        &model_args(d, &["--prompt", "x", "--bogus"]),
+        &generate_args(d, &["--prompt", "x", "--bogus"]),
         2,
         &["--bogus"],
     );
     check(
-        &model_args(d, &["--prompt", "x", "--dtype", "f8"]),
+        &generate_args(d, &["--prompt", "x", "--dtype", "f8"]),
         2,
         &["f8"],
     );
     check(&["info", "--model", "/nonexistent"], 2, &["config.json"]);
     let long = "x".repeat(600);
-    check(&model_args(d, &["--prompt", &long]), 2, &["600", "512"]);
+    check(&generate_args(d, &["--prompt", &long]), 2, &["600", "512"]);
     let corrupt = fixture(&Fixture::new(Arch::Llama));
     std::fs::write(
         corrupt.path().join("model.safetensors"),
@@ -145,7 +116,7 @@ fn bad_input_exits_2_with_a_named_cause() {
     )
     .unwrap();
     check(
-        &model_args(corrupt.path(), &["--prompt", "x"]),
+        &generate_args(corrupt.path(), &["--prompt", "x"]),
         2,
         &["model.safetensors", "corrupt"],
     );
@@ -154,7 +125,7 @@ fn bad_input_exits_2_with_a_named_cause() {
         ..Fixture::new(Arch::Qwen2)
     });
     check(
-        &model_args(plain.path(), &["--prompt", "x", "--chat"]),
+        &generate_args(plain.path(), &["--prompt", "x", "--chat"]),
         2,
         &["chat_template"],
     );
@@ -200,7 +171,7 @@ fn ctrl_c_exits_130_after_printing_what_was_generated() {
         ..Fixture::new(Arch::Llama)
     });
     let mut child = Command::new(BIN)
-        .args(model_args(
+        .args(generate_args(
             dir.path(),
             &["--prompt", "go", "-n", "300000", "--json", "--verbose"],
         ))
@@ -237,7 +208,8 @@ fn stop_strings_with_escapes_cut_the_output() {
     let dir = model.to_str().unwrap();
     let args = ["--prompt", "def add(a, b):", "-n", "40", "--json"];
     let full: serde_json::Value =
-        serde_json::from_slice(&check(&model_args(Path::new(dir), &args), 0, &[]).stdout).unwrap();
+        serde_json::from_slice(&check(&generate_args(Path::new(dir), &args), 0, &[]).stdout)
+            .unwrap();
     let text = full["text"].as_str().unwrap();
     let Some(at) = text.find("\n\n") else {
         panic!("the bundled model's greedy continuation has a blank line: {text:?}");
@@ -245,7 +217,7 @@ fn stop_strings_with_escapes_cut_the_output() {
     let mut stop_args = args.to_vec();
     stop_args.extend(["--stop", "\\n\\n"]);
     let cut: serde_json::Value =
-        serde_json::from_slice(&check(&model_args(Path::new(dir), &stop_args), 0, &[]).stdout)
+        serde_json::from_slice(&check(&generate_args(Path::new(dir), &stop_args), 0, &[]).stdout)
             .unwrap();
     assert_eq!(cut["finish_reason"], "stop");
     assert_eq!(cut["text"].as_str().unwrap(), &text[..at]);

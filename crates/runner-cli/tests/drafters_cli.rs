@@ -2,35 +2,20 @@
 //! method reported in `--json`, greedy text equal to plain decoding, and the
 //! exit code 2 for a missing or mismatched draft model.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use runner::testing::{Arch, Fixture, write_checkpoint};
 
-const BIN: &str = env!("CARGO_BIN_EXE_mtp-runner");
+mod common;
+use common::{bundled, generate_args};
 
 fn model_dir(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models")
-        .join(name)
-        .display()
-        .to_string()
+    bundled(name).display().to_string()
 }
 
 /// Runs `generate` on `model` and checks the exit code; stderr must mention each of `needles`.
 fn check(model: &str, rest: &[&str], code: i32, needles: &[&str]) -> Output {
-    let mut args = vec!["generate", "--model", model];
-    args.extend_from_slice(rest);
-    let out = Command::new(BIN).args(&args).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(code), "{args:?}: stderr {err}");
-    for n in needles {
-        assert!(
-            err.contains(n),
-            "{args:?}: stderr `{err}` should mention `{n}`"
-        );
-    }
-    out
+    common::check(&generate_args(model, rest), code, needles)
 }
 
 /// `(speculation.method, text)` of a greedy `--json` run.

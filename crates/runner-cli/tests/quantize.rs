@@ -1,34 +1,14 @@
 //! `mtp-runner quantize` end to end: the written folder generates; bad options exit 2 naming the fix.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-use runner::testing::{Arch, Fixture, write_checkpoint};
+use runner::testing::{Arch, Fixture};
 
-const BIN: &str = env!("CARGO_BIN_EXE_mtp-runner");
-
-fn fixture(fx: &Fixture) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), fx, 3).unwrap();
-    dir
-}
+mod common;
+use common::{check, fixture};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-/// Runs and checks the exit code and that stderr mentions each of `needles`.
-fn check(args: &[&str], code: i32, needles: &[&str]) -> Output {
-    let out = Command::new(BIN).args(args).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(code), "{args:?}: stderr {err}");
-    for n in needles {
-        assert!(
-            err.contains(n),
-            "{args:?}: stderr `{err}` should mention `{n}`"
-        );
-    }
-    out
 }
 
 #[test]

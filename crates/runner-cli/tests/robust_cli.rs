@@ -7,49 +7,13 @@
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 
-use runner::testing::{Arch, Fixture, write_checkpoint};
+use runner::testing::{Arch, Fixture};
 
-const BIN: &str = env!("CARGO_BIN_EXE_mtp-runner");
-
-fn fixture(fx: &Fixture) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), fx, 3).unwrap();
-    dir
-}
-
-/// Runs the binary with `args` and `stdin`, checks the exit code and that
-/// stderr mentions each of `needles`.
-fn check<S: AsRef<OsStr>>(args: &[S], stdin: &[u8], code: i32, needles: &[&str]) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_string_lossy()).collect();
-    assert_eq!(out.status.code(), Some(code), "{shown:?}: stderr {err}");
-    for n in needles {
-        assert!(
-            err.contains(n),
-            "{shown:?}: stderr `{err}` should mention `{n}`"
-        );
-    }
-    out
-}
-
-fn generate<'a>(dir: &'a Path, rest: &[&'a str]) -> Vec<&'a str> {
-    let mut v = vec!["generate", "--model", dir.to_str().unwrap()];
-    v.extend_from_slice(rest);
-    v
-}
+mod common;
+use common::{BIN, check_with_stdin, fixture, generate_args};
 
 #[test]
 fn conflicting_and_out_of_range_options_exit_2_naming_the_fix() {
@@ -86,12 +50,12 @@ fn conflicting_and_out_of_range_options_exit_2_naming_the_fix() {
         (&["--min-p", "1"], &["min_p", "[0, 1)"]),
         (&["--repeat-penalty", "-1"], &["repeat_penalty"]),
     ] {
-        let mut args = generate(d, &["--prompt", "hi"]);
+        let mut args = generate_args(d, &["--prompt", "hi"]);
         args.extend_from_slice(rest);
-        let out = check(&args, b"", 2, needles);
+        let out = check_with_stdin(&args, b"", 2, needles);
         assert!(out.stdout.is_empty(), "{rest:?}: nothing generated");
     }
-    check(
+    check_with_stdin(
         &[
             "chat",
             "--model",
@@ -111,9 +75,9 @@ fn prompts_at_the_context_empty_and_max_tokens_zero() {
     let dir = fixture(&Fixture::new(Arch::Llama));
     let d = dir.path();
     let json = |rest: &[&str]| -> serde_json::Value {
-        let mut args = generate(d, &["--json"]);
+        let mut args = generate_args(d, &["--json"]);
         args.extend_from_slice(rest);
-        serde_json::from_slice(&check(&args, b"", 0, &[]).stdout).unwrap()
+        serde_json::from_slice(&check_with_stdin(&args, b"", 0, &[]).stdout).unwrap()
     };
     let at = "x".repeat(511);
     let v = json(&["--prompt", &at, "-n", "50"]);
@@ -122,15 +86,15 @@ fn prompts_at_the_context_empty_and_max_tokens_zero() {
     assert_eq!(v["finish_reason"], "length");
     for len in [512, 513] {
         let p = "x".repeat(len);
-        check(
-            &generate(d, &["--prompt", &p]),
+        check_with_stdin(
+            &generate_args(d, &["--prompt", &p]),
             b"",
             2,
             &[&format!("prompt has {len} tokens"), "context is 512"],
         );
     }
-    check(
-        &generate(d, &["--prompt", ""]),
+    check_with_stdin(
+        &generate_args(d, &["--prompt", ""]),
         b"",
         2,
         &["prompt is empty"],
@@ -146,23 +110,23 @@ fn non_utf8_input_is_a_usage_error_naming_the_offset() {
     let dir = fixture(&Fixture::new(Arch::Qwen3));
     let d = dir.path();
     // Prompt on stdin.
-    check(
-        &generate(d, &["-n", "2"]),
+    check_with_stdin(
+        &generate_args(d, &["-n", "2"]),
         b"ab\xffcd",
         2,
         &["prompt on stdin is not UTF-8", "0xff at offset 2", "iconv"],
     );
     // Prompt as an argument.
-    let mut args: Vec<&OsStr> = generate(d, &["-n", "2", "--prompt"])
+    let mut args: Vec<&OsStr> = generate_args(d, &["-n", "2", "--prompt"])
         .into_iter()
         .map(OsStr::new)
         .collect();
     args.push(OsStr::from_bytes(b"a\xc3("));
-    check(&args, b"", 2, &["invalid UTF-8"]);
+    check_with_stdin(&args, b"", 2, &["invalid UTF-8"]);
     // A chat script.
     let script = d.join("turns.txt");
     std::fs::write(&script, b"hello\n\xfe\n").unwrap();
-    check(
+    check_with_stdin(
         &[
             "chat",
             "--model",
@@ -175,7 +139,7 @@ fn non_utf8_input_is_a_usage_error_naming_the_offset() {
         &["turns.txt is not UTF-8", "offset 6"],
     );
     // An interactive message: skipped, and the chat goes on.
-    let out = check(
+    let out = check_with_stdin(
         &[
             "chat",
             "--model",
@@ -290,7 +254,7 @@ fn long_context() -> tempfile::TempDir {
 #[test]
 fn ctrl_c_in_prefill_exits_130_with_statistics() {
     let dir = long_context();
-    let mut w = Watched::spawn(&generate(
+    let mut w = Watched::spawn(&generate_args(
         dir.path(),
         &["-n", "300000", "--json", "--speculative", "off"],
     ));
@@ -314,7 +278,7 @@ fn ctrl_c_in_prefill_exits_130_with_statistics() {
 #[test]
 fn ctrl_c_in_decode_prints_the_text_so_far_and_statistics() {
     let dir = long_context();
-    let w = Watched::spawn(&generate(
+    let w = Watched::spawn(&generate_args(
         dir.path(),
         &["--prompt", "go", "-n", "300000", "--speculative", "off"],
     ));

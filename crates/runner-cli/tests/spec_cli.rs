@@ -5,31 +5,21 @@
 #![allow(clippy::print_stderr)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use runner::testing::{Arch, Fixture, write_checkpoint};
+
+mod common;
+use common::{bundled, generate_args};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_mtp-runner");
-
 fn tiny() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-mtp")
+    bundled("tiny-mtp")
 }
 
 /// Runs `generate --model dir rest..`; checks the exit code and that stderr names each needle.
 fn check(dir: &Path, rest: &[&str], code: i32, needles: &[&str]) -> Output {
-    let mut args = vec!["generate", "--model", dir.to_str().unwrap()];
-    args.extend_from_slice(rest);
-    let out = Command::new(BIN).args(&args).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(code), "{args:?}: stderr {err}");
-    for n in needles {
-        assert!(
-            err.contains(n),
-            "{args:?}: stderr `{err}` should mention `{n}`"
-        );
-    }
-    out
+    common::check(&generate_args(dir, rest), code, needles)
 }
 
 fn json(out: &Output) -> Value {
