@@ -39,6 +39,20 @@ const PROMPTS: &[&str] = &[
     "One day, a big red bird",
 ];
 
+/// The bundled target and draft model (they share one tokenizer).
+fn tiny_target_and_draft() -> (LoadedModel, LoadedModel) {
+    let target_dir = model_dir("tiny-mtp");
+    let m = common::load(&target_dir);
+    let draft = load_draft(
+        &model_dir("tiny-draft"),
+        &target_dir,
+        &m.tokenizer,
+        LoadOptions::default(),
+    )
+    .expect("tiny-draft shares tiny-mtp's tokenizer");
+    (m, draft)
+}
+
 fn prompt_ids(m: &LoadedModel, text: &str) -> Vec<u32> {
     // Documents start after `<|endoftext|>` (id 0), as in training.
     let mut ids = vec![0];
@@ -105,15 +119,7 @@ const DEPTHS: [DepthPolicy; 4] = [
 
 #[test]
 fn draft_model_greedy_equals_plain() {
-    let target_dir = model_dir("tiny-mtp");
-    let m = common::load(&target_dir);
-    let draft = load_draft(
-        &model_dir("tiny-draft"),
-        &target_dir,
-        &m.tokenizer,
-        LoadOptions::default(),
-    )
-    .expect("tiny-draft shares tiny-mtp's tokenizer");
+    let (m, draft) = tiny_target_and_draft();
     let make = || Session::with_draft_model(m.model.as_ref(), draft.model.as_ref());
     let (drafted, accepted) = check_parity(&m, "draft-model", &make, &DEPTHS);
     // The draft model was really used, and agrees with the target at times.
@@ -138,15 +144,7 @@ fn ngram_greedy_equals_plain() {
 /// the first request's tokens and the new prompt.
 #[test]
 fn draft_model_sessions_continue_across_requests() {
-    let target_dir = model_dir("tiny-mtp");
-    let m = common::load(&target_dir);
-    let draft = load_draft(
-        &model_dir("tiny-draft"),
-        &target_dir,
-        &m.tokenizer,
-        LoadOptions::default(),
-    )
-    .expect("tiny-draft loads");
+    let (m, draft) = tiny_target_and_draft();
     let opts = greedy(24, DepthPolicy::Fixed(3));
     let first = prompt_ids(&m, PROMPTS[0]);
     let second = m.tokenizer.encode(" She liked to", false).unwrap();
@@ -226,15 +224,7 @@ fn draft_model_with_another_tokenizer_is_refused() {
 /// caches must stay level and the run must be reproducible from its seed.
 #[test]
 fn drafters_sample_with_penalties() {
-    let target_dir = model_dir("tiny-mtp");
-    let m = common::load(&target_dir);
-    let draft = load_draft(
-        &model_dir("tiny-draft"),
-        &target_dir,
-        &m.tokenizer,
-        LoadOptions::default(),
-    )
-    .expect("tiny-draft loads");
+    let (m, draft) = tiny_target_and_draft();
     let opts = GenerateOptions {
         max_tokens: 32,
         sampling: SamplingOptions {
