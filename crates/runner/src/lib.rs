@@ -55,6 +55,7 @@ pub use generate::{FinishReason, GenerateOptions, Generation, Session};
 pub use kvcache::{Cache, KvCache};
 pub use load::{LoadOptions, LoadedModel, ModelInfo, inspect, load};
 pub use model::Model;
+pub use models::sdpa::{AttentionPath, attention_path, set_attention_path};
 /// The sampler crate, re-exported for callers that build options.
 pub use sampler;
 pub use sampler::Options as SamplingOptions;

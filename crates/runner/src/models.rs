@@ -7,4 +7,5 @@ pub mod layers;
 pub mod llama;
 pub mod qwen3_5;
 pub mod rope;
+pub mod sdpa;
 pub(crate) mod trunk_ends;
