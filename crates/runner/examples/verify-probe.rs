@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use mlx_tensor::{Array, Dtype};
 use runner::testing::{Arch, Fixture, write_checkpoint};
-use runner::{AttentionPath, LoadOptions, Model, set_attention_path};
+use runner::{AttentionPath, LoadOptions, Model, set_attention_path, set_rows_kernel};
 use serde_json::json;
 
 fn shape(name: &str) -> Option<Fixture> {
@@ -154,6 +154,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                        "max_ms":times.iter().cloned().fold(0.0, f64::max),"rounds":rounds})
             );
         }
+    }
+    // The few-rows CUDA matmul kernel against cuBLAS (explicit attention both times):
+    // verify time and the largest logit difference of the same verify.
+    set_attention_path(AttentionPath::Auto);
+    for rows in 2..=5usize {
+        let mut out = Vec::new();
+        for on in [false, true] {
+            set_rows_kernel(on);
+            let mut caches = m.new_caches();
+            timed(m, &mut caches, &ids(1000, 9));
+            let mut times = Vec::new();
+            for r in 0..rounds + 2 {
+                let ms = timed(m, &mut caches, &ids(rows, r as u32));
+                if r >= 2 {
+                    times.push(ms);
+                }
+            }
+            let t = Array::from_slice(&ids(rows, 99), &[rows as i32])?;
+            let logits = m.unembed(&m.forward(&t, &mut caches)?)?.to_vec::<f32>()?;
+            out.push((median(times), logits));
+        }
+        let range = out[0].1.iter().fold(0.0f32, |a, x| a.max(x.abs()));
+        let diff = out[0]
+            .1
+            .iter()
+            .zip(&out[1].1)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        println!(
+            "{}",
+            json!({"probe":"rows-kernel","dtype":dt,"rows":rows,"cublas_ms":out[0].0,"kernel_ms":out[1].0,
+                   "max_logit_diff":diff,"logit_range":range})
+        );
     }
     Ok(())
 }

@@ -56,6 +56,7 @@ pub use kvcache::{Cache, KvCache};
 pub use load::{LoadOptions, LoadedModel, ModelInfo, inspect, load};
 pub use model::Model;
 pub use models::sdpa::{AttentionPath, attention_path, set_attention_path};
+pub use models::skinny::set_rows_kernel;
 /// The sampler crate, re-exported for callers that build options.
 pub use sampler;
 pub use sampler::Options as SamplingOptions;

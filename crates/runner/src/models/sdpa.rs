@@ -111,7 +111,7 @@ pub(crate) fn choose(rows: i32, keys: i32, heads: i32, dtype: Dtype) -> Kernel {
 }
 
 /// True when new work runs on MLX's CUDA backend (a GPU that is not Metal).
-fn on_cuda() -> bool {
+pub(crate) fn on_cuda() -> bool {
     !cfg!(target_os = "macos")
         && mlx_tensor::default_device() == mlx_tensor::Device::Gpu
         && mlx_tensor::gpu_available()
