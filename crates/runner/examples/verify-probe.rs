@@ -155,6 +155,38 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
+    // One matmul through the few-rows kernel and through cuBLAS, same bf16 inputs:
+    // the largest difference in units of the output's magnitude (bf16 keeps 8 bits).
+    for (n, k) in [(4096, 4096), (12_288, 4096), (4096, 12_288)] {
+        let w = mlx_tensor::random::normal(&[n, k], Dtype::Bfloat16, &mlx_tensor::random::key(3)?)?;
+        let lin = runner::models::layers::Linear::from_weight(
+            &w,
+            None,
+            runner::models::layers::LinearLayout::TransposedView,
+        )?;
+        for rows in [2, 5, 8] {
+            let x = mlx_tensor::random::normal(
+                &[1, rows, k],
+                Dtype::Bfloat16,
+                &mlx_tensor::random::key(4)?,
+            )?;
+            set_rows_kernel(false);
+            let want = lin.forward(&x)?.as_type(Dtype::Float32)?.to_vec::<f32>()?;
+            set_rows_kernel(true);
+            let got = lin.forward(&x)?.as_type(Dtype::Float32)?.to_vec::<f32>()?;
+            let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let diff = want
+                .iter()
+                .zip(&got)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            println!(
+                "{}",
+                json!({"probe":"rows-kernel-unit","n":n,"k":k,"rows":rows,"max_abs_diff":diff,"max_abs":scale,
+                       "rel":diff / scale.max(1e-30)})
+            );
+        }
+    }
     // The few-rows CUDA matmul kernel against cuBLAS (explicit attention both times):
     // verify time and the largest logit difference of the same verify.
     set_attention_path(AttentionPath::Auto);
