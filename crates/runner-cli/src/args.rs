@@ -149,6 +149,19 @@ pub enum SpeculativeArg {
     Auto,
 }
 
+impl SpeculativeArg {
+    /// The flag's value as typed.
+    pub fn name(self) -> &'static str {
+        match self {
+            SpeculativeArg::Off => "off",
+            SpeculativeArg::Mtp => "mtp",
+            SpeculativeArg::DraftModel => "draft-model",
+            SpeculativeArg::Ngram => "ngram",
+            SpeculativeArg::Auto => "auto",
+        }
+    }
+}
+
 /// `--draft-tokens`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DraftTokens {

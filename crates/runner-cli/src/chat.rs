@@ -131,7 +131,8 @@ pub fn run(a: ChatArgs, verbose: bool) -> Result<u8> {
     };
     let m = crate::load_with_progress(&a.decode)?;
     let opts = crate::generate_options(&a.decode, &m.generation_config);
-    let session = crate::open_session(&a.decode, &m)?;
+    let draft = crate::load_draft_model(&a.decode, &m)?;
+    let session = crate::open_session(&a.decode, &m, draft.as_ref())?;
     let mut chat = Conversation::new(session, &m.tokenizer, a.system.as_deref(), budget)
         .context("starting the chat (the model needs a chat template in tokenizer_config.json)")?;
     match script {

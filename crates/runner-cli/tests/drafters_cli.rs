@@ -90,3 +90,61 @@ fn a_missing_or_mismatched_draft_model_is_bad_input() {
         &["does not share the tokenizer", &other_dir, &target],
     );
 }
+
+/// `(speculation.method, text)` of each turn of a greedy scripted `chat`.
+fn chat_turns(model: &str, rest: &[&str]) -> Vec<(String, String)> {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("turns.txt");
+    std::fs::write(&script, "Tell me about Tom.\nAnd Sam?\n").unwrap();
+    let mut args = vec![
+        "chat",
+        "--model",
+        model,
+        "--script",
+        script.to_str().unwrap(),
+        "-n",
+        "12",
+        "--temperature",
+        "0",
+    ];
+    args.extend_from_slice(rest);
+    let out = common::check(&args, 0, &[]);
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let method = v["speculation"]["method"].as_str().unwrap().to_owned();
+            (method, v["text"].as_str().unwrap().to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn chat_drafts_with_the_draft_model_as_generate_does() {
+    let target = model_dir("tiny-mtp");
+    let draft = model_dir("tiny-draft");
+    let plain: Vec<String> = chat_turns(&target, &["--speculative", "off"])
+        .into_iter()
+        .map(|(method, text)| {
+            assert_eq!(method, "off");
+            text
+        })
+        .collect();
+    assert_eq!(plain.len(), 2, "one object per turn");
+    // `--speculative draft-model` drafts with the given model (it used to
+    // fail with "needs --draft-model DIR"), with the plain text.
+    let turns = chat_turns(
+        &target,
+        &["--speculative", "draft-model", "--draft-model", &draft],
+    );
+    let texts: Vec<String> = turns.iter().map(|(_, t)| t.clone()).collect();
+    assert!(turns.iter().all(|(m, _)| m == "draft-model"), "{turns:?}");
+    assert_eq!(texts, plain);
+    // `auto` on a model without a head takes the draft model (it used to
+    // ignore it and fall back to n-gram lookup), and n-gram without one.
+    let auto = chat_turns(&draft, &["--speculative", "auto", "--draft-model", &draft]);
+    assert!(auto.iter().all(|(m, _)| m == "draft-model"), "{auto:?}");
+    let ngram = chat_turns(&draft, &["--speculative", "auto"]);
+    assert!(ngram.iter().all(|(m, _)| m == "ngram"), "{ngram:?}");
+}

@@ -14,8 +14,9 @@ use std::sync::atomic::AtomicBool;
 
 use crate::chat::{Message, apply_chat_template};
 use crate::error::Result;
-use crate::generate::{GenerateOptions, Generation, Session};
+use crate::generate::{GenerateOptions, Generation};
 use crate::prefix::{PrefixCache, ReuseSource};
+use crate::session::Session;
 use crate::tokenizer::Tokenizer;
 
 /// End-of-turn tokens of common chat templates, used as extra

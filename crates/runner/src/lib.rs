@@ -39,9 +39,8 @@ pub mod models;
 pub mod mtp;
 pub mod prefix;
 pub mod quant;
-pub mod reuse;
+mod session;
 pub mod spec_stats;
-pub mod speculate;
 pub mod stats;
 pub mod stop;
 #[cfg(feature = "testing")]
@@ -50,13 +49,16 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::{GenerationConfig, ModelConfig};
+pub use drafter::{DraftMethod, NgramOptions, load_draft};
 pub use error::{Error, Result};
-pub use generate::{FinishReason, GenerateOptions, Generation, Session};
+pub use generate::{FinishReason, GenerateOptions, Generation, PREFILL_CHUNK};
 pub use kvcache::{Cache, KvCache};
 pub use load::{LoadOptions, LoadedModel, ModelInfo, inspect, load};
 pub use model::Model;
 /// The sampler crate, re-exported for callers that build options.
 pub use sampler;
 pub use sampler::Options as SamplingOptions;
+pub use session::{Session, Speculation, common_prefix};
+pub use spec_stats::SpecStats;
 pub use stats::Stats;
 pub use tokenizer::Tokenizer;

@@ -102,7 +102,7 @@ fn check_parity<'m>(
             let spec = g
                 .speculation
                 .expect("a speculative session reports speculation");
-            assert_eq!(spec.method, method);
+            assert_eq!(spec.method.as_str(), method);
             drafted += spec.drafted;
             accepted += spec.accepted;
         }
@@ -255,7 +255,7 @@ fn check_seeded<'m>(
 ) {
     let a = generate(&mut make(), m, prompt, opts);
     let b = generate(&mut make(), m, prompt, opts);
-    let method = a.speculation.as_ref().unwrap().method.clone();
+    let method = a.speculation.as_ref().unwrap().method;
     assert_eq!(a.token_ids, b.token_ids, "{method}: same seed, same tokens");
     assert!(!a.token_ids.is_empty(), "{method}");
 }

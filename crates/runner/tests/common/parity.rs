@@ -168,7 +168,7 @@ pub fn sweep(m: &LoadedModel, prompts: &[Vec<u32>], tokens: usize) -> ([Totals; 
             let s = got
                 .speculation
                 .expect("speculative generation reports statistics");
-            assert_eq!(s.method, "mtp");
+            assert_eq!(s.method.as_str(), "mtp");
             assert_eq!(s.depth_over_time.len(), s.rounds);
             if let DepthPolicy::Fixed(k) = depth {
                 assert!(

@@ -42,7 +42,7 @@ pub(crate) struct RestorePoints {
 
 /// Whether a cache rewinds to any lower offset without a capture.
 fn rewinds_live(c: &dyn Cache) -> bool {
-    c.kind() == "KvCache"
+    c.rewinds_by_offset()
 }
 
 impl RestorePoints {
