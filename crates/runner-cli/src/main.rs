@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, Result};
 use clap::Parser;
 use mlx_tensor::{Device, Dtype};
+use runner::DepthPolicy;
 use runner::chat::Message;
-use runner::depth::DepthPolicy;
 use runner::{FinishReason, GenerateOptions, LoadOptions, SamplingOptions, Session, Speculation};
 
 use args::{

@@ -14,9 +14,9 @@
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
-use runner::depth::DepthPolicy;
-use runner::drafter::{NgramOptions, load_draft};
+use runner::DepthPolicy;
 use runner::{GenerateOptions, Generation, LoadOptions, LoadedModel, SamplingOptions, Session};
+use runner::{NgramOptions, load_draft};
 use serde_json::{Value, json};
 
 /// The bundled draft model, used when `--draft-model` is not given.

@@ -23,7 +23,7 @@ use sampler::{History, KeyStream, Options};
 use crate::depth::DepthPolicy;
 use crate::drafter::DraftRun;
 use crate::error::{Error, Result};
-pub use crate::session::PREFILL_CHUNK;
+use crate::session::PREFILL_CHUNK;
 use crate::session::{Session, Target, prefill_chunks};
 use crate::spec_stats::SpecStats;
 use crate::stats::Stats;

@@ -29,20 +29,17 @@
 
 mod trie;
 
-pub use trie::{Found, NodeId, Trie};
+pub(crate) use trie::Trie;
 
 use crate::error::{Error, Result};
 use crate::session::{AtRest, Session, common_prefix};
-
-/// Default byte budget of a [`PrefixCache`]: 256 MiB.
-pub const DEFAULT_BUDGET: usize = 256 << 20;
 
 /// The trie keys of `tokens`: the tokens themselves for look-ahead 0, the
 /// `len - 1` pairs `token[i] << 32 | token[i + 1]` for look-ahead 1.
 ///
 /// # Panics
 /// For a look-ahead above 1 (no drafter has one).
-pub fn keys(tokens: &[u32], lookahead: usize) -> Vec<u64> {
+pub(crate) fn keys(tokens: &[u32], lookahead: usize) -> Vec<u64> {
     match lookahead {
         0 => tokens.iter().map(|&t| u64::from(t)).collect(),
         1 => tokens
@@ -108,6 +105,9 @@ pub struct PrefixCache {
 }
 
 impl PrefixCache {
+    /// A default byte budget: 256 MiB.
+    pub const DEFAULT_BUDGET: usize = 256 << 20;
+
     /// An empty cache holding at most `budget` bytes of snapshots.
     pub fn new(budget: usize) -> PrefixCache {
         PrefixCache {

@@ -30,7 +30,7 @@ use crate::model::Model;
 pub(crate) use target::Target;
 
 /// Prompt tokens per prefill forward.
-pub const PREFILL_CHUNK: usize = 2048;
+pub(crate) const PREFILL_CHUNK: usize = 2048;
 
 /// How a session drafts: the one choice the CLI's `generate` and `chat` and
 /// a library user make the same way, with [`Session::open`].
@@ -65,7 +65,7 @@ impl Speculation {
 }
 
 /// Length of the common prefix of two token sequences.
-pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 

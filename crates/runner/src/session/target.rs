@@ -181,7 +181,8 @@ impl<'m> Target<'m> {
             }
             None => {
                 tracing::debug!(n, "no restore point: fresh caches");
-                self.reset();
+                self.caches = self.model.new_caches();
+                self.points.clear();
                 0
             }
         };
