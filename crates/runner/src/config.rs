@@ -211,6 +211,7 @@ impl ModelConfig {
         Self::from_raw(raw, path)
     }
 
+    // Long: one check per config key, each naming the key in its error.
     fn from_raw(raw: RawConfig, path: &Path) -> Result<ModelConfig> {
         let hybrid = hybrid::parse(&raw, path)?;
         let bad = |key: &'static str, message: String| Error::InvalidConfig {
