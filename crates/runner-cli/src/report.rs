@@ -170,7 +170,10 @@ pub fn info_text(i: &ModelInfo) -> String {
         i.tensor_layout,
         match i.skipped {
             (0, _) => String::new(),
-            (n, p) => format!(" (vision tower left out: {n} tensors, {:.2} M parameters)", p as f64 / 1e6),
+            (n, p) => format!(
+                " (vision tower left out: {n} tensors, {:.2} M parameters)",
+                p as f64 / 1e6
+            ),
         },
         match (i.mtp_head, i.mtp_layers_declared) {
             (true, n) => format!(

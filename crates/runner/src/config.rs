@@ -256,7 +256,10 @@ impl ModelConfig {
     /// than by the first key its config lacks.
     pub fn identify(value: &serde_json::Value) -> (String, String) {
         let v = hybrid::normalise(value.clone());
-        let arch = v["architectures"][0].as_str().unwrap_or_default().to_owned();
+        let arch = v["architectures"][0]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         let model_type = v["model_type"].as_str().unwrap_or_default().to_owned();
         (arch, model_type)
     }
@@ -434,7 +437,9 @@ fn yarn(s: &RopeScalingRaw, context: usize, path: &Path) -> Result<RopeScaling> 
     };
     let original = s.original_max_position_embeddings.unwrap_or(context);
     if original == 0 {
-        return Err(bad("original_max_position_embeddings must be positive".into()));
+        return Err(bad(
+            "original_max_position_embeddings must be positive".into()
+        ));
     }
     let factor = s.factor.unwrap_or(context as f32 / original as f32);
     if factor.is_nan() || factor <= 0.0 {

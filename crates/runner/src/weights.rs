@@ -256,11 +256,7 @@ impl Weights {
     /// other float tensor. `progress(done, total)` is called after each file is
     /// materialised. A tensor stored in two shard files is an error naming both;
     /// vision-tower tensors ([`TensorLayout::skips`]) are not loaded.
-    pub fn load(
-        dir: &Path,
-        dtype: Dtype,
-        progress: impl FnMut(usize, usize),
-    ) -> Result<Weights> {
+    pub fn load(dir: &Path, dtype: Dtype, progress: impl FnMut(usize, usize)) -> Result<Weights> {
         Self::read(dir, dtype, false, progress)
     }
 
@@ -278,11 +274,8 @@ impl Weights {
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Weights> {
         let files = headers(&weight_files(dir)?)?;
-        let layout = TensorLayout::detect(
-            files
-                .iter()
-                .flat_map(|(_, e)| e.keys().map(String::as_str)),
-        );
+        let layout =
+            TensorLayout::detect(files.iter().flat_map(|(_, e)| e.keys().map(String::as_str)));
         let mut w = Weights {
             tensors: HashMap::new(),
             source_dtypes: BTreeMap::new(),
@@ -318,7 +311,11 @@ impl Weights {
                     if TensorLayout::skips(name) {
                         continue;
                     }
-                    let stored = if e.dtype == "U32" { Dtype::Uint32 } else { dtype };
+                    let stored = if e.dtype == "U32" {
+                        Dtype::Uint32
+                    } else {
+                        dtype
+                    };
                     let shape: Vec<i32> = e.shape.iter().map(|&d| d as i32).collect();
                     // A broadcast scalar: the shape and dtype, no buffer.
                     let a = Array::scalar(0.0, stored)?.broadcast_to(&shape)?;
@@ -587,7 +584,10 @@ impl Weights {
 
     /// Total elements over all tensors in the checkpoint (vision towers left out).
     pub fn parameter_count(&self) -> usize {
-        self.shapes.values().map(|s| s.iter().product::<usize>()).sum()
+        self.shapes
+            .values()
+            .map(|s| s.iter().product::<usize>())
+            .sum()
     }
 
     /// Tensor counts by source dtype name.

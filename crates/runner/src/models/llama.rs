@@ -107,7 +107,10 @@ fn check_config(c: &ModelConfig, v: Variant) -> Result<Vec<Option<usize>>> {
         if !raw[key].is_null() {
             return Err(c.unsupported_key(
                 "attn_logit_softcapping",
-                format!("`{key}` = {} (logit soft-capping) is not implemented", raw[key]),
+                format!(
+                    "`{key}` = {} (logit soft-capping) is not implemented",
+                    raw[key]
+                ),
             ));
         }
     }
@@ -142,7 +145,9 @@ fn check_config(c: &ModelConfig, v: Variant) -> Result<Vec<Option<usize>>> {
                     )),
                     (other, _) => Err(c.unsupported_key(
                         "layer_types",
-                        format!("`{other}` is not a layer type (full_attention, sliding_attention)"),
+                        format!(
+                            "`{other}` is not a layer type (full_attention, sliding_attention)"
+                        ),
                     )),
                 })
                 .collect::<Result<_>>()?

@@ -104,10 +104,7 @@ pub(crate) fn note_missing_mtp(c: &ModelConfig, w: &Weights) {
         return;
     }
     if w.layout().mlx_converted || w.quantization().is_some() {
-        tracing::warn!(
-            declared = c.mtp_layers,
-            "{MLX_DROPPED_MTP}"
-        );
+        tracing::warn!(declared = c.mtp_layers, "{MLX_DROPPED_MTP}");
     } else {
         tracing::warn!(
             declared = c.mtp_layers,
