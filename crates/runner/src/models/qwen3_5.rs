@@ -26,15 +26,28 @@ use crate::weights::Weights;
 /// A model without linear layers gives no evidence; mlx-lm then shifts
 /// nothing either, so its norms are still zero-centred.
 fn zero_centred_trunk(h: &HybridConfig, w: &Weights, trunk: &str) -> bool {
-    let Some(i) = h.layers.iter().position(|k| *k == LayerKind::Linear) else {
-        return true;
-    };
-    let name = format!("{trunk}.layers.{i}.linear_attn.conv1d.weight");
-    match w.stored_shape(&name).as_deref() {
-        Some([_, k, 1]) if *k == h.conv_kernel && *k != 1 => false,
-        Some([_, 1, _]) => true,
-        // Missing or odd: the loader names the tensor and the shape it expects.
-        _ => !w.layout().mlx_converted,
+    // Every conv should agree; the majority decides, so a stray one is the
+    // tensor the loader names.
+    let (mut mlx, mut hf) = (0, 0);
+    for (i, _) in h
+        .layers
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| **k == LayerKind::Linear)
+    {
+        let name = format!("{trunk}.layers.{i}.linear_attn.conv1d.weight");
+        match w.stored_shape(&name).as_deref() {
+            Some([_, k, 1]) if *k == h.conv_kernel && *k != 1 => mlx += 1,
+            Some([_, 1, _]) => hf += 1,
+            // Missing or odd: the loader names the tensor and the shape it expects.
+            _ => {}
+        }
+    }
+    match (mlx, hf) {
+        // A model without linear layers gives no evidence; mlx-lm then shifts
+        // nothing either, so its norms are still zero-centred.
+        (0, 0) => true,
+        (m, f) => f >= m,
     }
 }
 
