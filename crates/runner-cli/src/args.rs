@@ -49,8 +49,39 @@ pub enum Command {
     #[command(after_help = crate::quantize::AFTER_HELP)]
     Quantize(crate::quantize::QuantizeArgs),
     /// Chat with a model over several turns (interactive, or --script FILE).
-    #[command(allow_negative_numbers = true, after_help = crate::chat::AFTER_HELP)]
-    Chat(crate::chat::ChatArgs),
+    #[command(allow_negative_numbers = true, after_help = CHAT_AFTER_HELP)]
+    Chat(ChatArgs),
+}
+
+/// Examples shown after `chat --help`.
+pub const CHAT_AFTER_HELP: &str = "EXAMPLES:
+  mtp-runner chat --model models/tiny-mtp
+  mtp-runner chat --model models/tiny-mtp --script turns.txt -n 32 --temperature 0
+
+In the interactive form type a message and press Enter; `/stats` prints the
+figures of the last turn, `/reset` starts a new conversation, `/quit` (or
+end of input) leaves. Ctrl-C stops the reply being generated (what it said so
+far stays in the conversation) and the chat goes on with the next message.
+
+With --script FILE every non-empty line is one user turn, and one JSON object
+per turn is printed: turn, text, token_ids, prompt_tokens, reused_tokens,
+reuse_source, generated_tokens, prefill_tps, decode_tps, finish_reason and
+the speculation object of `generate --json`.";
+
+/// `chat` options.
+#[derive(Debug, Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub decode: DecodeArgs,
+    /// System message at the start of the conversation.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Run the user turns of FILE (one per line), printing one JSON object per turn.
+    #[arg(long, value_name = "FILE")]
+    pub script: Option<PathBuf>,
+    /// Memory for cached prefixes, in MiB (0: reuse only the live session).
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    pub prefix_cache_mib: usize,
 }
 
 /// `generate` options.
@@ -151,6 +182,19 @@ pub enum SpeculativeArg {
     Ngram,
     /// MTP when the model has a head, else the draft model when given, else n-gram.
     Auto,
+}
+
+impl SpeculativeArg {
+    /// The flag's value as typed.
+    pub fn name(self) -> &'static str {
+        match self {
+            SpeculativeArg::Off => "off",
+            SpeculativeArg::Mtp => "mtp",
+            SpeculativeArg::DraftModel => "draft-model",
+            SpeculativeArg::Ngram => "ngram",
+            SpeculativeArg::Auto => "auto",
+        }
+    }
 }
 
 /// `--draft-tokens`.

@@ -59,7 +59,7 @@ impl SpeculationReport {
     pub fn new(g: &Generation) -> Self {
         match &g.speculation {
             Some(s) => SpeculationReport {
-                method: s.method.clone(),
+                method: s.method.as_str().to_owned(),
                 rounds: s.rounds,
                 drafted: s.drafted,
                 accepted: s.accepted,

@@ -285,6 +285,7 @@ impl ModelConfig {
         }
     }
 
+    // Long: one check per config key, each naming the key in its error.
     fn from_raw(raw: RawConfig, value: serde_json::Value, path: &Path) -> Result<ModelConfig> {
         let hybrid = hybrid::parse(&raw, path)?;
         let bad = |key: &'static str, message: String| Error::InvalidConfig {

@@ -102,6 +102,7 @@ impl GatedDeltaNet {
 
     /// The mixer over `x` `[1, L, H]`, folding the `L` positions into `cache`
     /// and capturing the states at the offsets it has scheduled.
+    // Long: the Gated DeltaNet math in the reference's order, step by step.
     pub(crate) fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
         let kind = cache.kind();
         let cache = cache.as_recurrent_mut().unwrap_or_else(|| {

@@ -3,6 +3,7 @@
 use mlx_tensor::{Array, fast};
 
 use crate::error::Result;
+use crate::models::skinny;
 use crate::quant::QuantizedTensor;
 use crate::weights::{Vars, Weights};
 
@@ -79,7 +80,13 @@ pub struct Linear {
 enum Kernel {
     /// `[in, out]`: a transposed view of the `[out, in]` weight, or a contiguous
     /// copy; `row_chunks` splits it for single-row inputs (see [`row_chunks`]).
-    Dense { wt: Array, row_chunks: Vec<Array> },
+    /// `w` is the `[out, in]` weight itself when `wt` is its transposed view
+    /// (the same buffer), for the few-rows CUDA kernel (`models/skinny.rs`).
+    Dense {
+        wt: Array,
+        row_chunks: Vec<Array>,
+        w: Option<Array>,
+    },
     /// The packed `[out, in]` weight, multiplied by `quantized_matmul`.
     Quantized(QuantizedTensor),
 }
@@ -107,12 +114,12 @@ impl Linear {
         layout: LinearLayout,
     ) -> mlx_tensor::Result<Linear> {
         let wt = weight.t()?;
-        let (wt, row_chunks) = match layout {
-            LinearLayout::TransposedView => (wt, row_chunks(weight)?),
-            LinearLayout::PreTransposed => (wt.contiguous()?, Vec::new()),
+        let (wt, row_chunks, w) = match layout {
+            LinearLayout::TransposedView => (wt, row_chunks(weight)?, Some(weight.clone())),
+            LinearLayout::PreTransposed => (wt.contiguous()?, Vec::new(), None),
         };
         Ok(Linear {
-            kernel: Kernel::Dense { wt, row_chunks },
+            kernel: Kernel::Dense { wt, row_chunks, w },
             bias,
         })
     }
@@ -140,6 +147,13 @@ impl Linear {
                     .collect::<mlx_tensor::Result<Vec<_>>>()?;
                 mlx_tensor::ops::concatenate(&parts, -1)?
             }
+            Kernel::Dense { w: Some(w), .. } if few_rows(x, w) => {
+                let k = x.dim(-1);
+                let rows = (x.size() / k as usize) as i32;
+                let mut shape = x.shape().to_vec();
+                *shape.last_mut().expect("rank ≥ 1") = w.dim(0);
+                skinny::matmul_t(&x.reshape(&[rows, k])?, w)?.reshape(&shape)?
+            }
             Kernel::Dense { wt, .. } => x.matmul(wt)?,
             Kernel::Quantized(q) => q.matmul_t(x)?,
         };
@@ -152,7 +166,7 @@ impl Linear {
     /// The arrays to evaluate at load.
     pub fn arrays(&self) -> Vec<Array> {
         let mut v = match &self.kernel {
-            Kernel::Dense { wt, row_chunks } => {
+            Kernel::Dense { wt, row_chunks, .. } => {
                 let mut v = vec![wt.clone()];
                 v.extend(row_chunks.iter().cloned());
                 v
@@ -197,6 +211,15 @@ fn row_chunks(weight: &Array) -> mlx_tensor::Result<Vec<Array>> {
             weight.slice_axis(0, lo as i32, hi as i32)?.t()
         })
         .collect()
+}
+
+/// True when `x` `[..., in]` holds 2..=8 rows that the CUDA few-rows kernel takes.
+fn few_rows(x: &Array, w: &Array) -> bool {
+    let k = x.dim(-1);
+    x.ndim() > 0
+        && k > 0
+        && x.dtype() == w.dtype()
+        && skinny::applies((x.size() / k as usize) as i32, k, x.dtype())
 }
 
 /// True when `x` `[..., in]` holds a single row.

@@ -114,7 +114,7 @@ pub(crate) fn note_missing_mtp(c: &ModelConfig, w: &Weights) {
 }
 
 /// What to tell a user whose mlx-lm conversion lost its MTP head.
-pub const MLX_DROPPED_MTP: &str = "config.json declares MTP layers but the checkpoint has no MTP \
+pub(crate) const MLX_DROPPED_MTP: &str = "config.json declares MTP layers but the checkpoint has no MTP \
     tensors: mlx-lm's converter (mlx_lm.convert / mlx-community uploads) removes them, so this \
     folder runs without MTP speculation. `mtp-runner quantize --model HF_FOLDER` from the \
     Hugging Face folder keeps the head.";

@@ -90,7 +90,7 @@ pub struct QuantizeReport {
 }
 
 /// True for the matrices of an MTP head, in any of the layouts [`crate::mtp`] knows.
-pub fn is_mtp_module(path: &str, num_hidden_layers: usize) -> bool {
+pub(crate) fn is_mtp_module(path: &str, num_hidden_layers: usize) -> bool {
     crate::mtp::MtpLayout::owns(path, num_hidden_layers)
 }
 
@@ -99,6 +99,7 @@ pub fn is_mtp_module(path: &str, num_hidden_layers: usize) -> bool {
 /// `config.json` with the `quantization` block (and its `quantization_config`
 /// copy), the tokenizer and generation files, and a README.md saying how it
 /// was made. `dst` must not exist or be empty.
+// Long: the writer's steps in order (read, quantize, write, config, README).
 pub fn quantize_folder(src: &Path, dst: &Path, opts: &QuantizeOptions) -> Result<QuantizeReport> {
     opts.validate()?;
     let config_path = src.join("config.json");

@@ -9,7 +9,7 @@
 //! | mlx-lm `convert` of a multimodal source | `language_model.model.*` | `language_model.lm_head.*` | dropped by mlx-lm | `model.visual.*`, `vision_tower.*` |
 
 /// Prefixes of the vision towers (and similar) a text model never reads.
-pub const SKIPPED_PREFIXES: [&str; 3] = ["model.visual.", "vision_tower.", "visual."];
+pub(super) const SKIPPED_PREFIXES: [&str; 3] = ["model.visual.", "vision_tower.", "visual."];
 
 /// The checkpoint's wrapping of its text model.
 #[derive(Debug, Clone, PartialEq, Eq)]
