@@ -40,6 +40,8 @@ commands:
                      the reference-tools venv
   train-tiny [...]   python3 xtask/train/train.py [...]
   ref-check [...]    python3 xtask/train/ref_check.py [...]
+  ref-formats [...]  python3 xtask/train/ref_formats.py [...]: rewrite the checkpoint-format fixtures
+                     (transformers + mlx-lm) under crates/runner/tests/fixtures/formats
 ";
 
 fn main() -> ExitCode {
@@ -73,6 +75,7 @@ fn run() -> Result<()> {
         "soak" => soak::run(rest),
         "train-tiny" => python::run_script("train.py", rest),
         "ref-check" => python::run_script("ref_check.py", rest),
+        "ref-formats" => python::run_script("ref_formats.py", rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

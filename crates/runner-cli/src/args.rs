@@ -148,6 +148,10 @@ pub struct DecodeArgs {
     /// Compute dtype (f32 is fastest on the CPU).
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
+    /// Load a checkpoint even when it holds tensors the model does not use
+    /// (by default an error: the config would not describe the weights).
+    #[arg(long)]
+    pub allow_unused_tensors: bool,
     /// Speculative decoding: `mtp` drafts with the model's MTP head (an error
     /// without one), `draft-model` with `--draft-model`, `ngram` by prompt
     /// lookup; `auto` picks MTP when the model has a head, else the draft

@@ -180,6 +180,7 @@ fn load_options(a: &DecodeArgs) -> LoadOptions {
     };
     LoadOptions {
         dtype,
+        allow_unused_tensors: a.allow_unused_tensors,
         ..LoadOptions::default()
     }
 }

@@ -222,3 +222,47 @@ fn stop_strings_with_escapes_cut_the_output() {
     assert_eq!(cut["finish_reason"], "stop");
     assert_eq!(cut["text"].as_str().unwrap(), &text[..at]);
 }
+
+/// `info` on checkpoints as downloaded: the hub Qwen3.5 layout reports its
+/// left-out vision tower, an mlx-lm conversion says once how to keep the MTP
+/// head, and an unimplemented architecture exits 2 naming what it needs.
+#[test]
+fn info_reports_layouts_and_refuses_unsupported_architectures() {
+    let formats = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runner/tests/fixtures/formats");
+    let hub = formats.join("qwen3_5-hf-bf16");
+    let out = check(&["info", "--model", hub.to_str().unwrap()], 0, &[]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("transformers-multimodal (vision tower left out"),
+        "{text}"
+    );
+    assert!(text.contains("found, qwen3.5 layout"), "{text}");
+    let mlx = formats.join("qwen3_5-mlx-q4");
+    let out = check(&["info", "--model", mlx.to_str().unwrap()], 0, &[]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("mlx-lm's converter"), "{text}");
+    assert!(text.contains("mtp-runner quantize"), "{text}");
+
+    let dir = fixture(&Fixture::new(Arch::Qwen3));
+    let cfg = dir.path().join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["architectures"] = serde_json::json!(["Qwen3_5MoeForConditionalGeneration"]);
+    v["model_type"] = serde_json::json!("qwen3_5_moe");
+    v.as_object_mut().unwrap().remove("intermediate_size");
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    for cmd in [
+        vec!["info", "--model", dir.path().to_str().unwrap()],
+        generate_args(dir.path(), &["--prompt", "hi"]),
+    ] {
+        check(
+            &cmd,
+            2,
+            &[
+                "Qwen3_5MoeForConditionalGeneration",
+                "not supported yet",
+                "mixture-of-experts",
+            ],
+        );
+    }
+}

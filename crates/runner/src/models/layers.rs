@@ -5,7 +5,48 @@ use mlx_tensor::{Array, fast};
 use crate::error::Result;
 use crate::models::skinny;
 use crate::quant::QuantizedTensor;
-use crate::weights::Weights;
+use crate::weights::{Vars, Weights};
+
+/// The linear module at `vb`: `weight` `[output, input]` (packed with
+/// `scales` and `biases` when quantized) and, when `bias`, `bias` `[output]`.
+pub fn linear(
+    mut vb: Vars<'_>,
+    input: usize,
+    output: usize,
+    bias: bool,
+    layout: LinearLayout,
+) -> Result<Linear> {
+    let quantized = vb.take_quantized(output, input)?;
+    let bias = if bias {
+        Some(vb.take("bias", &[output])?)
+    } else {
+        None
+    };
+    match quantized {
+        Some(q) => Ok(Linear::from_quantized(q, bias)),
+        None => {
+            let weight = vb.take("weight", &[output, input])?;
+            Ok(Linear::from_weight(&weight, bias, layout)?)
+        }
+    }
+}
+
+/// The RMSNorm module at `vb`: `weight` `[dim]`.
+pub fn rms_norm(mut vb: Vars<'_>, dim: usize, eps: f32) -> Result<RmsNorm> {
+    Ok(RmsNorm {
+        weight: vb.take("weight", &[dim])?,
+        eps,
+    })
+}
+
+/// The embedding module at `vb`: `weight` `[vocab, hidden]` (packed when quantized).
+pub fn embedding(mut vb: Vars<'_>, vocab: usize, hidden: usize) -> Result<Embedding> {
+    let table = match vb.take_quantized(vocab, hidden)? {
+        Some(q) => Table::Quantized(q),
+        None => Table::Dense(vb.take("weight", &[vocab, hidden])?),
+    };
+    Ok(Embedding { table })
+}
 
 /// How linear weights are laid out for the matmul.
 ///
@@ -63,19 +104,7 @@ impl Linear {
         bias: bool,
         layout: LinearLayout,
     ) -> Result<Linear> {
-        let quantized = w.take_quantized(prefix, output, input)?;
-        let bias = if bias {
-            Some(w.take(&format!("{prefix}.bias"), &[output as i32])?)
-        } else {
-            None
-        };
-        match quantized {
-            Some(q) => Ok(Linear::from_quantized(q, bias)),
-            None => {
-                let weight = w.take(&format!("{prefix}.weight"), &[output as i32, input as i32])?;
-                Ok(Linear::from_weight(&weight, bias, layout)?)
-            }
-        }
+        linear(Vars::new(w, prefix), input, output, bias, layout)
     }
 
     /// From a `[out, in]` weight.
@@ -215,13 +244,7 @@ enum Table {
 impl Embedding {
     /// Takes `{prefix}.weight` `[vocab, hidden]` (packed with scales and biases when quantized).
     pub fn load(w: &mut Weights, prefix: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
-        let table = match w.take_quantized(prefix, vocab, hidden)? {
-            Some(q) => Table::Quantized(q),
-            None => {
-                Table::Dense(w.take(&format!("{prefix}.weight"), &[vocab as i32, hidden as i32])?)
-            }
-        };
-        Ok(Embedding { table })
+        embedding(Vars::new(w, prefix), vocab, hidden)
     }
 
     /// From a dense `[vocab, hidden]` table.
@@ -302,6 +325,22 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    /// The MLP module at `vb`: `{gate,up,down}_proj`, with biases when `bias`
+    /// (Llama's `mlp_bias`).
+    pub fn new(
+        mut vb: Vars<'_>,
+        hidden: usize,
+        inter: usize,
+        bias: bool,
+        layout: LinearLayout,
+    ) -> Result<Mlp> {
+        Ok(Mlp {
+            gate: linear(vb.pp("gate_proj"), hidden, inter, bias, layout)?,
+            up: linear(vb.pp("up_proj"), hidden, inter, bias, layout)?,
+            down: linear(vb.pp("down_proj"), inter, hidden, bias, layout)?,
+        })
+    }
+
     /// Takes `{prefix}.{gate,up,down}_proj.weight`.
     pub fn load(
         w: &mut Weights,
@@ -310,32 +349,7 @@ impl Mlp {
         inter: usize,
         layout: LinearLayout,
     ) -> Result<Mlp> {
-        Ok(Mlp {
-            gate: Linear::load(
-                w,
-                &format!("{prefix}.gate_proj"),
-                hidden,
-                inter,
-                false,
-                layout,
-            )?,
-            up: Linear::load(
-                w,
-                &format!("{prefix}.up_proj"),
-                hidden,
-                inter,
-                false,
-                layout,
-            )?,
-            down: Linear::load(
-                w,
-                &format!("{prefix}.down_proj"),
-                inter,
-                hidden,
-                false,
-                layout,
-            )?,
-        })
+        Mlp::new(Vars::new(w, prefix), hidden, inter, false, layout)
     }
 
     /// The arrays to evaluate at load.

@@ -49,7 +49,8 @@ impl RestorePoints {
     /// Schedules `offsets` on every cache when some cache cannot rewind by
     /// its offset; returns whether it did.
     pub(crate) fn schedule(caches: &mut [Box<dyn Cache>], offsets: &[usize]) -> bool {
-        if !caches.iter().any(|c| c.as_recurrent().is_some()) {
+        // Recurrent layers, and sliding windows once they wrap, need captures.
+        if caches.iter().all(|c| rewinds_live(c.as_ref())) {
             return false;
         }
         kvcache::schedule_all(caches, offsets);
