@@ -49,6 +49,8 @@ pub fn load(
     opts: LoadOptions,
     progress: impl FnMut(usize, usize),
 ) -> Result<LoadedModel> {
+    // robust2: refuse FIFOs, devices, dangling links and git-lfs pointers before any open.
+    crate::files::check_model_folder(dir)?;
     let config = ModelConfig::load(dir)?;
     let family = lookup(&config)?;
     let generation_config = GenerationConfig::load(dir)?;
@@ -135,6 +137,8 @@ impl ModelInfo {
 
 /// Reads `info` from config.json and the validated safetensors headers (no weights loaded).
 pub fn inspect(dir: &Path) -> Result<ModelInfo> {
+    // robust2: refuse FIFOs, devices, dangling links and git-lfs pointers before any open.
+    crate::files::check_model_folder(dir)?;
     let config = ModelConfig::load(dir)?;
     let family = lookup(&config)?;
     let mut names = Vec::new();
