@@ -22,6 +22,7 @@ use crate::depth::{DepthController, DepthPolicy};
 use crate::detok::StreamDetokenizer;
 use crate::drafter::{DraftRun, ModelDrafter, NgramDrafter, NgramOptions, SpecDrafter};
 use crate::error::{Error, Result};
+use crate::finite::Checked; // robust2
 use crate::model::Model;
 use crate::spec_stats::SpecStats;
 use crate::speculate::RoundOutcome;
@@ -276,7 +277,7 @@ impl<'m> Session<'m> {
         opts: &Options,
         history: &History,
         keys: &mut KeyStream,
-    ) -> Result<Array> {
+    ) -> Result<Checked> {
         Ok(self.step_with_hidden(token, opts, history, keys)?.0)
     }
 
@@ -287,7 +288,7 @@ impl<'m> Session<'m> {
         opts: &Options,
         history: &History,
         keys: &mut KeyStream,
-    ) -> Result<(Array, Array)> {
+    ) -> Result<(Checked, Array)> {
         let at = self.caches.first().map_or(0, |c| c.offset());
         let points = RestorePoints::schedule(&mut self.caches, &[at]);
         let hidden = self.model.forward(token, &mut self.caches)?;
@@ -296,6 +297,8 @@ impl<'m> Session<'m> {
         }
         let logits = self.model.unembed(&hidden)?;
         let y = sample_next(&logits, opts, history, &keys.next_key()?)?;
+        // robust2: the finiteness flag rides on the sample's readback (no extra sync).
+        let y = crate::finite::check(&logits, &y, opts, at + 1, hidden.dtype())?;
         y.async_eval()?;
         Ok((y, hidden))
     }
@@ -465,11 +468,11 @@ impl<'m> Session<'m> {
         while let Some(y) = pending.take() {
             let more = output.generated + 1 < output.max_tokens && !cancel.load(Ordering::Relaxed);
             let ahead = if pipelined && more {
-                Some(self.step(&y, sampling, history, keys)?)
+                Some(self.step(&y.token, sampling, history, keys)?)
             } else {
                 None
             };
-            let id: u32 = y.item()?;
+            let id: u32 = y.read()?; // robust2: fails on non-finite logits
             output.first_token();
             if ahead.is_some() {
                 self.committed.push(id);
@@ -543,7 +546,9 @@ impl<'m> Session<'m> {
             }
             let round = self.spec_round(draft, current, k, &opts.sampling, history, keys, &eos)?;
             output.first_token();
-            depth.record(round.drafted, round.accepted, round.seconds);
+            // robust2: under a seed, a modelled cost instead of the wall time.
+            let cost = crate::seeded::round_cost(round.seconds, round.drafted, &opts.sampling);
+            depth.record(round.drafted, round.accepted, cost);
             stats.record(&round);
             let mut done = false;
             for &id in &round.emitted {
@@ -615,16 +620,16 @@ impl<'m> Session<'m> {
             let more = output.generated + 1 < output.max_tokens && !cancel.load(Ordering::Relaxed);
             let k = if more { depth.choose(after) } else { 0 };
             let ahead = if more && k == 0 {
-                Some(self.step_with_hidden(&y, sampling, history, keys)?)
+                Some(self.step_with_hidden(&y.token, sampling, history, keys)?)
             } else {
                 None
             };
-            let id: u32 = y.item()?;
+            let id: u32 = y.read()?; // robust2: fails on non-finite logits
             output.first_token();
             let now = Instant::now();
             let seconds = (now - t).as_secs_f64();
             t = now;
-            depth.record(0, 0, seconds);
+            depth.record(0, 0, crate::seeded::round_cost(seconds, 0, sampling)); // robust2
             stats.record(&RoundOutcome {
                 drafted: 0,
                 accepted: 0,
@@ -635,7 +640,7 @@ impl<'m> Session<'m> {
                 // An end-of-sequence token forwarded ahead is dropped below.
                 if !eos.contains(&id) {
                     let at = self.committed.len();
-                    draft.committed(&[id], &y, h, at)?;
+                    draft.committed(&[id], &y.token, h, at)?;
                 }
                 self.committed.push(id);
             }

@@ -70,9 +70,11 @@ impl<'m> Session<'m> {
             }
             let logits = self.model.unembed(&hidden)?;
             let y = sample_next(&logits, opts, history, &keys.next_key()?)?;
+            // robust2: the finiteness flag rides on the sample's readback.
+            let y = crate::finite::check(&logits, &y, opts, pos + 1, hidden.dtype())?;
             // The step's one sync: the sample's graph holds the forward, and so
             // every cache write and the hidden reported below.
-            let next: u32 = y.item()?;
+            let next: u32 = y.read()?;
             draft.committed(&[current], &cur, &hidden, pos)?;
             self.committed.push(current);
             return Ok(RoundOutcome {
@@ -103,7 +105,9 @@ impl<'m> Session<'m> {
             accept_chain(&target, &proposal.dist, &proposal.tokens, &keys.next_key()?)?;
         // The round's one sync: the acceptance's graph holds the target forward
         // (every cache write, the hiddens reported below) and the draft chain.
-        let mut emitted = acceptance.read_emitted()?;
+        // robust2: the target rows' finiteness is read in the same sync.
+        let mut emitted =
+            crate::finite::read_emitted(&acceptance, &logits, opts, pos + 1, hidden.dtype())?;
         let accepted = emitted.len() - 1;
         // Keep `current` and the accepted drafts before any end-of-sequence token.
         let keep_drafts = match emitted.iter().position(|t| eos.contains(t)) {
