@@ -110,7 +110,9 @@ pub struct DecodeArgs {
     /// Frequency penalty (0 = off).
     #[arg(long, default_value_t = 0.0)]
     pub frequency_penalty: f32,
-    /// Random seed (default: from the clock).
+    /// Random seed (default: from the clock). With a seed, sampled output is the
+    /// same run after run under every --speculative and --draft-tokens setting
+    /// (auto depth then follows acceptance and a fixed cost model, not timings).
     #[arg(long)]
     pub seed: Option<u64>,
     /// Stop before this string (repeatable; `\n` and `\t` are newline and tab).

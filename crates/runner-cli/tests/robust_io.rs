@@ -349,3 +349,28 @@ fn a_chat_reply_cut_by_the_context_says_so() {
         panic!("the fixture's greedy reply should run into the context: {v}");
     }
 }
+
+#[test]
+fn non_finite_logits_stop_with_the_likely_cause() {
+    // 1e-40 is a valid temperature, but dividing the logits by it overflows f32.
+    let tiny = common::bundled("tiny-mtp");
+    for spec in [
+        &["--speculative", "off"][..],
+        &["--speculative", "mtp", "--draft-tokens", "2"],
+        &["--speculative", "mtp"],
+    ] {
+        let mut args = generate_args(&tiny, &["--prompt", "def f", "--temperature", "1e-40"]);
+        args.extend_from_slice(spec);
+        let o = check(
+            &args,
+            2,
+            &[
+                "non-finite logits",
+                "position",
+                "--temperature 1e-40",
+                "greedy",
+            ],
+        );
+        assert!(o.stdout.len() <= 1, "{spec:?}: no garbage text is printed");
+    }
+}

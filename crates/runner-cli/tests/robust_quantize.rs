@@ -3,6 +3,8 @@
 //! that cannot be opened, and a full disk (on a small tmpfs, where this
 //! machine lets the test mount one) each leave either the complete folder or
 //! nothing, and nothing that blocks a rerun.
+// A skipped case says so on stderr.
+#![allow(clippy::print_stderr)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

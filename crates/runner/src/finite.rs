@@ -34,7 +34,7 @@ impl Causes {
         let mut out = Vec::new();
         if self.temperature > 0.0 && self.temperature < 1e-3 {
             out.push(format!(
-                "--temperature {} divides the logits past f32's range (use 0 for greedy \
+                "--temperature {:e} divides the logits past f32's range (use 0 for greedy \
                  decoding, or a temperature of at least 0.01)",
                 self.temperature
             ));
@@ -162,4 +162,36 @@ pub fn read_emitted(
     }
     // The packed layout: accepted, next, then the emitted tokens.
     Ok(row[2..2 + accepted + 1].to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(logits: &[f32], opts: &Options) -> Result<u32> {
+        let l = Array::from_slice(logits, &[1, logits.len() as i32])?;
+        let token = Array::from_slice(&[1u32], &[1])?;
+        check(&l, &token, opts, 7, Dtype::Float16)?.read()
+    }
+
+    #[test]
+    fn a_finite_row_reads_its_token_and_a_broken_one_names_the_causes() -> Result<()> {
+        let greedy = Options::greedy();
+        assert_eq!(read(&[0.5, 2.0, f32::NEG_INFINITY], &greedy)?, 1);
+        for bad in [[0.5, f32::NAN, 1.0], [0.5, f32::INFINITY, 1.0]] {
+            let e = read(&bad, &greedy).unwrap_err().to_string();
+            assert!(
+                e.contains("position 7") && e.contains("--dtype f16") && e.contains("bf16 or f32"),
+                "{e}"
+            );
+        }
+        // Finite logits that a tiny temperature scales past f32's range.
+        let tiny = Options {
+            temperature: 1e-40,
+            ..Options::default()
+        };
+        let e = read(&[0.5, 2.0, 1.0], &tiny).unwrap_err().to_string();
+        assert!(e.contains("--temperature 1e-40"), "{e}");
+        Ok(())
+    }
 }

@@ -55,17 +55,20 @@ pub fn round_cost(seconds: f64, drafted: usize, sampling: &Options) -> f64 {
     }
 }
 
+/// A timing perturbation: `(drafted, seconds) -> seconds`.
+#[cfg(feature = "testing")]
+type Perturb = fn(usize, f64) -> f64;
+
 #[cfg(feature = "testing")]
 thread_local! {
-    static PERTURB: std::cell::Cell<Option<fn(usize, f64) -> f64>> =
-        const { std::cell::Cell::new(None) };
+    static PERTURB: std::cell::Cell<Option<Perturb>> = const { std::cell::Cell::new(None) };
 }
 
 /// Runs `body` with every measured round time on this thread replaced by
 /// `perturb(drafted, seconds)`: a test hook that makes the timings as noisy
 /// as a loaded machine, or steers the controller.
 #[cfg(feature = "testing")]
-pub fn with_perturbed_timings<T>(perturb: fn(usize, f64) -> f64, body: impl FnOnce() -> T) -> T {
+pub fn with_perturbed_timings<T>(perturb: Perturb, body: impl FnOnce() -> T) -> T {
     PERTURB.with(|p| p.set(Some(perturb)));
     let out = body();
     PERTURB.with(|p| p.set(None));
