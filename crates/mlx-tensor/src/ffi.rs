@@ -1,4 +1,5 @@
-//! The cxx bridge to MLX's C++ API: the only module of the workspace with `unsafe`.
+//! The cxx bridge to MLX's C++ API: with `budget.rs` (a counting `GlobalAlloc`), the only
+//! module of the workspace with `unsafe`.
 //!
 //! Every function that can throw is declared `-> Result`, so cxx catches the C++
 //! exception and returns it as `cxx::Exception`; the safe wrappers in the other

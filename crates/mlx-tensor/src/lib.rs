@@ -58,6 +58,7 @@
 #![warn(missing_docs)]
 
 mod array;
+pub mod budget;
 mod device;
 mod dtype;
 mod error;

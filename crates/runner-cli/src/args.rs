@@ -13,10 +13,15 @@ const AFTER_HELP: &str = "EXAMPLES:
 
 EXIT CODES:
   0    success
-  1    runtime failure (MLX, I/O)
-  2    usage error or bad input (missing/corrupt files, unknown architecture,
-       invalid options, prompt longer than the context)
-  130  interrupted (Ctrl-C); the text generated so far has been printed
+  1    runtime failure (MLX; writing an output file or stdout fails)
+  2    usage error or bad input: input files missing, unreadable (any I/O
+       error reading them), corrupt, git-lfs pointers or not regular files
+       (FIFO, device, dangling symlink); unknown architecture; invalid
+       options; a prompt longer than the context; non-finite logits
+  130  interrupted (Ctrl-C): while loading, at once; while generating, the
+       text generated so far has been printed; quantize leaves no --out
+  141  stdout closed: its reader went away (`| head`) or it was closed at
+       start; generation stops at once
 
 ENVIRONMENT:
   RUST_LOG   log filter (for example `runner=debug`); --verbose sets `info`";
@@ -136,7 +141,9 @@ pub struct DecodeArgs {
     /// Frequency penalty (0 = off).
     #[arg(long, default_value_t = 0.0)]
     pub frequency_penalty: f32,
-    /// Random seed (default: from the clock).
+    /// Random seed (default: from the clock). With a seed, sampled output is the
+    /// same run after run under every --speculative and --draft-tokens setting
+    /// (auto depth then follows acceptance and a fixed cost model, not timings).
     #[arg(long)]
     pub seed: Option<u64>,
     /// Stop before this string (repeatable; `\n` and `\t` are newline and tab).

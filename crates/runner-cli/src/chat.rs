@@ -2,7 +2,6 @@
 //! each turn reusing the cached prefix of the history.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
@@ -76,19 +75,21 @@ fn turn_line(t: &Turn) -> String {
 /// Runs `chat`.
 #[allow(clippy::print_stderr)]
 pub fn run(a: ChatArgs, verbose: bool) -> Result<u8> {
-    let cancel = Arc::new(AtomicBool::new(false));
-    {
-        let c = Arc::clone(&cancel);
-        ctrlc::set_handler(move || c.store(true, Ordering::Relaxed))
-            .context("installing the Ctrl-C handler")?;
-    }
+    // Until the first turn Ctrl-C ends the process at once (loading only reads).
+    let interrupt = crate::signal::Interrupt::install()?;
+    let cancel = interrupt.flag().clone();
     crate::validate::decode_args(&a.decode)?;
     let budget = crate::validate::prefix_cache_bytes(a.prefix_cache_mib)?;
+    crate::output::check_stdout_open()?;
     crate::set_device(a.decode.device)?;
     let script = match &a.script {
         Some(p) => {
-            let bytes =
-                std::fs::read(p).with_context(|| format!("reading the script {}", p.display()))?;
+            let bytes = std::fs::read(p)
+                .map_err(|source| runner::Error::Io {
+                    path: p.clone(),
+                    source,
+                })
+                .context("reading the --script file")?;
             Some(crate::validate::utf8(
                 bytes,
                 &format!("the script {}", p.display()),
@@ -100,12 +101,29 @@ pub fn run(a: ChatArgs, verbose: bool) -> Result<u8> {
     let opts = crate::generate_options(&a.decode, &m.generation_config);
     let draft = crate::load_draft_model(&a.decode, &m)?;
     let session = crate::open_session(&a.decode, &m, draft.as_ref())?;
+    let context = m.model.context_length();
     let mut chat = Conversation::new(session, &m.tokenizer, a.system.as_deref(), budget)
         .context("starting the chat (the model needs a chat template in tokenizer_config.json)")?;
+    interrupt.cooperative();
     match script {
-        Some(text) => run_script(&mut chat, &text, &opts, &cancel, verbose),
-        None => run_interactive(&mut chat, &opts, &cancel, verbose),
+        Some(text) => run_script(&mut chat, &text, &opts, &cancel, verbose, context),
+        None => run_interactive(&mut chat, &opts, &cancel, verbose, context),
     }
+}
+
+/// A note when a reply stopped because the conversation filled the model's
+/// context (not at `--max-tokens` or the end of the reply).
+fn context_note(t: &Turn, opts: &GenerateOptions, context: usize) -> Option<String> {
+    let g = &t.generation;
+    let full = t.prompt.len() + g.stats.generated_tokens + 1 >= context;
+    (g.finish == FinishReason::Length && g.stats.generated_tokens < opts.max_tokens && full).then(
+        || {
+            format!(
+                "(reply cut: the conversation reached the model's context of {context} tokens; \
+                 `/reset` starts a new conversation)"
+            )
+        },
+    )
 }
 
 #[allow(clippy::print_stderr)]
@@ -115,14 +133,21 @@ fn run_script(
     opts: &GenerateOptions,
     cancel: &AtomicBool,
     verbose: bool,
+    context: usize,
 ) -> Result<u8> {
     let mut stdout = std::io::stdout().lock();
     for (i, line) in script.lines().filter(|l| !l.trim().is_empty()).enumerate() {
         let t = chat
             .say(line, opts, cancel, |_| {})
             .with_context(|| format!("script turn {}", i + 1))?;
-        serde_json::to_writer(&mut stdout, &TurnReport::new(&t))?;
-        writeln!(stdout)?;
+        let line = serde_json::to_string(&TurnReport::new(&t))? + "\n";
+        stdout
+            .write_all(line.as_bytes())
+            .and_then(|()| stdout.flush())
+            .map_err(crate::output::write_error)?;
+        if let Some(note) = context_note(&t, opts, context) {
+            eprintln!("turn {}: {note}", t.index);
+        }
         if verbose {
             eprintln!("{}", turn_line(&t));
         }
@@ -140,10 +165,10 @@ fn run_interactive(
     opts: &GenerateOptions,
     cancel: &AtomicBool,
     verbose: bool,
+    context: usize,
 ) -> Result<u8> {
     let stdin = std::io::stdin();
     let tty = stdin.is_terminal();
-    let mut stdout = std::io::stdout().lock();
     let mut last: Option<Turn> = None;
     let mut input = stdin.lock();
     loop {
@@ -153,6 +178,10 @@ fn run_interactive(
         let mut bytes = Vec::new();
         if input
             .read_until(b'\n', &mut bytes)
+            .map_err(|source| runner::Error::Io {
+                path: "<stdin>".into(),
+                source,
+            })
             .context("reading a message from stdin")?
             == 0
         {
@@ -193,15 +222,8 @@ fn run_interactive(
         // A Ctrl-C at the prompt is spent; only one during this turn cancels it.
         cancel.store(false, Ordering::Relaxed);
         tracing::info!("generating a reply");
-        let mut write_err = None;
-        let said = chat.say(line, opts, cancel, |text| {
-            if write_err.is_none() {
-                write_err = stdout
-                    .write_all(text.as_bytes())
-                    .and_then(|_| stdout.flush())
-                    .err();
-            }
-        });
+        let mut stream = crate::output::Stream::new(cancel);
+        let said = chat.say(line, opts, cancel, |text| stream.text(text));
         let t = match said {
             Ok(t) => t,
             // Bad input (a history past the context, say) leaves the conversation
@@ -212,11 +234,17 @@ fn run_interactive(
             }
             Err(e) => return Err(e.into()),
         };
-        if let Some(e) = write_err {
-            return Err(e).context("writing to stdout");
+        if let Some(e) = stream.failed() {
+            return Err(e);
         }
-        writeln!(stdout)?;
-        stdout.flush()?;
+        let out = stream.out();
+        out.write_all(b"\n")
+            .and_then(|()| out.flush())
+            .map_err(crate::output::write_error)?;
+        drop(stream);
+        if let Some(note) = context_note(&t, opts, context) {
+            eprintln!("{note}");
+        }
         if t.generation.finish == FinishReason::Cancelled {
             // The reply so far stays in the history; the next message continues.
             eprintln!("interrupted: {}", turn_line(&t));

@@ -1,20 +1,21 @@
 //! The `mtp-runner` binary: argument parsing, progress and output around `runner`.
 //!
-//! All MLX work happens on the main thread; the Ctrl-C handler only sets a flag
-//! that the generation loop checks every token.
+//! All MLX work happens on the main thread. Ctrl-C ends a load at once and,
+//! during generation, sets a flag that the loop checks every token (see
+//! `signal.rs`).
 
 mod args;
 #[cfg(test)]
 mod args_props;
 mod chat;
+mod output;
 mod quantize;
 mod report;
+mod signal;
 mod validate;
 
 use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -34,6 +35,14 @@ const EXIT_BAD_INPUT: u8 = 2;
 const EXIT_RUNTIME: u8 = 1;
 /// Exit code after Ctrl-C (128 + SIGINT).
 const EXIT_INTERRUPTED: u8 = 130;
+/// Exit code when stdout is closed or its reader went away (128 + SIGPIPE,
+/// what a shell reports for a tool that a broken pipe ends).
+const EXIT_OUTPUT_CLOSED: u8 = 141;
+
+/// Counts heap bytes, so a chat template's rendering runs in a bounded arena
+/// (`runner::chat::MAX_MEMORY`).
+#[global_allocator]
+static ALLOC: mlx_tensor::budget::Counting = mlx_tensor::budget::Counting;
 
 /// A usage problem found by the CLI itself (exit code 2).
 #[derive(Debug)]
@@ -68,26 +77,52 @@ fn run_cli() -> u8 {
     match result {
         Ok(code) => code,
         Err(e) => {
-            #[allow(clippy::print_stderr)]
-            {
-                eprintln!("error: {e:#}");
+            let code = exit_code(&e);
+            // A reader that went away wants no message (like any filter in a pipe).
+            if code != EXIT_OUTPUT_CLOSED || !e.to_string().contains("broken pipe") {
+                #[allow(clippy::print_stderr)]
+                {
+                    eprintln!("error: {}", error_text(&e));
+                }
             }
-            exit_code(&e)
+            code
         }
     }
 }
 
-/// Bad input (ours or the library's) is 2; everything else is 1.
+/// The error and its causes joined by `: `, leaving out a cause whose text
+/// the previous one already ends with (`cannot read F: E` is not followed by `E`).
+fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    let mut last = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !last.is_empty() && last.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+        last = text;
+    }
+    out
+}
+
+/// The exit code of an error: see `EXIT CODES` in `--help`.
 fn exit_code(e: &anyhow::Error) -> u8 {
     for cause in e.chain() {
         if cause.is::<Usage>() {
             return EXIT_BAD_INPUT;
         }
+        if cause.is::<output::OutputClosed>() {
+            return EXIT_OUTPUT_CLOSED;
+        }
         if let Some(r) = cause.downcast_ref::<runner::Error>() {
-            return if r.is_bad_input() {
-                EXIT_BAD_INPUT
-            } else {
-                EXIT_RUNTIME
+            return match r {
+                runner::Error::Interrupted { .. } => EXIT_INTERRUPTED,
+                r if r.is_bad_input() => EXIT_BAD_INPUT,
+                _ => EXIT_RUNTIME,
             };
         }
     }
@@ -106,15 +141,19 @@ fn init_tracing(verbose: bool) {
 }
 
 fn info(a: InfoArgs) -> Result<u8> {
+    signal::Interrupt::install()?;
+    output::check_stdout_open()?;
     let i = runner::inspect(&a.model)
         .with_context(|| format!("reading model folder {}", a.model.display()))?;
     let mut out = std::io::stdout().lock();
-    if a.json {
-        serde_json::to_writer_pretty(&mut out, &report::InfoReport::new(&i))?;
-        writeln!(out)?;
+    let text = if a.json {
+        serde_json::to_string_pretty(&report::InfoReport::new(&i))?
     } else {
-        writeln!(out, "{}", report::info_text(&i))?;
-    }
+        report::info_text(&i)
+    };
+    writeln!(out, "{text}")
+        .and_then(|()| out.flush())
+        .map_err(output::write_error)?;
     Ok(0)
 }
 
@@ -136,7 +175,9 @@ fn set_device(d: DeviceArg) -> Result<()> {
     Ok(())
 }
 
-fn read_prompt(a: &GenerateArgs) -> Result<String> {
+/// The prompt: `--prompt`, or stdin read up to `limit` bytes (a longer one
+/// fails as too long without being read further).
+fn read_prompt(a: &GenerateArgs, limit: usize, context: usize) -> Result<String> {
     if let Some(p) = &a.prompt {
         return Ok(p.clone());
     }
@@ -147,8 +188,20 @@ fn read_prompt(a: &GenerateArgs) -> Result<String> {
     let mut bytes = Vec::new();
     stdin
         .lock()
+        .take(limit as u64 + 1)
         .read_to_end(&mut bytes)
+        .map_err(|source| runner::Error::Io {
+            path: "<stdin>".into(),
+            source,
+        })
         .context("reading the prompt from stdin")?;
+    if bytes.len() > limit {
+        return Err(runner::Error::PromptTooLarge {
+            found: format!("stdin holds more than {limit} bytes (the most that context can hold)"),
+            context,
+        }
+        .into());
+    }
     validate::utf8(bytes, "the prompt on stdin")
 }
 
@@ -292,16 +345,15 @@ fn open_session<'m>(
 
 #[allow(clippy::print_stderr)]
 fn generate(a: GenerateArgs, verbose: bool) -> Result<u8> {
-    let cancel = Arc::new(AtomicBool::new(false));
-    {
-        let c = Arc::clone(&cancel);
-        ctrlc::set_handler(move || c.store(true, Ordering::Relaxed))
-            .context("installing the Ctrl-C handler")?;
-    }
+    // Until generation starts Ctrl-C ends the process at once (loading only reads).
+    let interrupt = signal::Interrupt::install()?;
+    let cancel = interrupt.flag().clone();
     validate::decode_args(&a.decode)?;
+    output::check_stdout_open()?;
     set_device(a.decode.device)?;
-    let prompt_text = read_prompt(&a)?;
     let m = load_with_progress(&a.decode)?;
+    let context = m.model.context_length();
+    let prompt_text = read_prompt(&a, m.tokenizer.max_text_bytes(context), context)?;
     let prompt = if a.chat {
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
@@ -310,39 +362,37 @@ fn generate(a: GenerateArgs, verbose: bool) -> Result<u8> {
         msgs.push(Message::new("user", &prompt_text));
         let text = runner::chat::apply_chat_template(&m.tokenizer, &msgs)
             .context("formatting the prompt with the chat template (--chat)")?;
-        m.tokenizer.encode(&text, false)
+        m.tokenizer.encode_within(&text, false, context)
     } else {
-        m.tokenizer.encode(&prompt_text, true)
+        m.tokenizer.encode_within(&prompt_text, true, context)
     }
     .context("tokenizing the prompt")?;
     let opts = generate_options(&a.decode, &m.generation_config);
-    tracing::info!(prompt_tokens = prompt.len(), ?opts.sampling, "generating");
     let draft = load_draft_model(&a.decode, &m)?;
     let mut session = open_session(&a.decode, &m, draft.as_ref())?;
-    let mut stdout = std::io::stdout().lock();
-    let mut write_err = None;
+    // From here Ctrl-C stops generation and the text so far is printed.
+    interrupt.cooperative();
+    tracing::info!(prompt_tokens = prompt.len(), ?opts.sampling, "generating");
+    let mut stream = output::Stream::new(&cancel);
     let g = session
         .generate(&m.tokenizer, &prompt, &opts, &cancel, |text| {
-            if !a.json && write_err.is_none() {
-                write_err = stdout
-                    .write_all(text.as_bytes())
-                    .and_then(|_| stdout.flush())
-                    .err();
+            if !a.json {
+                stream.text(text);
             }
         })
         .context("generating")?;
-    if let Some(e) = write_err {
-        // A closed pipe (`| head`) is not a failure of the model.
-        if e.kind() != std::io::ErrorKind::BrokenPipe {
-            return Err(e).context("writing to stdout");
-        }
+    if let Some(e) = stream.failed() {
+        return Err(e);
     }
-    if a.json {
-        serde_json::to_writer(&mut stdout, &report::GenerateReport::new(&g))?;
-        writeln!(stdout)?;
+    let out = stream.out();
+    let end = if a.json {
+        serde_json::to_string(&report::GenerateReport::new(&g))? + "\n"
     } else {
-        let _ = writeln!(stdout);
-    }
+        "\n".to_owned()
+    };
+    out.write_all(end.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(output::write_error)?;
     let cancelled = g.finish == FinishReason::Cancelled;
     if verbose || cancelled {
         // Interrupted: what was generated is on stdout; say how far it got.

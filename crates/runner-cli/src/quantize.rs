@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use runner::quant::{QuantizeOptions, QuantizeReport, quantize_folder};
+use runner::quant::{QuantizeOptions, QuantizeReport, quantize_folder_cancellable};
 use serde::Serialize;
 
 /// Examples shown after `quantize --help`.
@@ -63,9 +63,14 @@ pub fn run(a: QuantizeArgs) -> Result<u8> {
         group_size: a.group_size,
         keep_mtp_precision: a.keep_mtp_precision,
     };
-    let r: QuantizeReport = quantize_folder(&a.model, &a.out, &opts)
+    // Ctrl-C sets the flag, checked between tensors: the staging folder is
+    // removed and nothing appears at --out (exit 130).
+    let interrupt = crate::signal::Interrupt::install()?;
+    interrupt.cooperative();
+    crate::output::check_stdout_open()?;
+    let r: QuantizeReport = quantize_folder_cancellable(&a.model, &a.out, &opts, interrupt.flag())
         .with_context(|| format!("quantizing {} into {}", a.model.display(), a.out.display()))?;
-    let mut out = std::io::stdout().lock();
+    let mut out = Vec::new();
     if a.json {
         let s = Summary {
             out: a.out.display().to_string(),
@@ -94,5 +99,10 @@ pub fn run(a: QuantizeArgs) -> Result<u8> {
             mib(r.written_bytes)
         )?;
     }
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(&out)
+        .and_then(|()| stdout.flush())
+        .map_err(crate::output::write_error)?;
     Ok(0)
 }

@@ -1,7 +1,7 @@
 //! Option checks that run before any weight is loaded: conflicting flags and
 //! out-of-range sampling values fail in milliseconds, not after a load.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::Usage;
 use crate::args::{DecodeArgs, SpeculativeArg};
@@ -11,6 +11,12 @@ use crate::args::{DecodeArgs, SpeculativeArg};
 /// defaults, read without the weights).
 pub fn decode_args(a: &DecodeArgs) -> Result<()> {
     conflicts(a)?;
+    // FIFOs, devices, dangling links and git-lfs pointers fail here, before
+    // anything (the generation_config.json read below included) opens them.
+    for dir in std::iter::once(&a.model).chain(a.draft_model.as_ref()) {
+        runner::files::check_model_folder(dir)
+            .with_context(|| format!("checking the model folder {}", dir.display()))?;
+    }
     // A folder without generation_config.json means all defaults; a broken one is
     // reported by the load that follows, which names the file.
     let g = runner::GenerationConfig::load(&a.model).unwrap_or_default();
@@ -47,6 +53,14 @@ fn conflicts(a: &DecodeArgs) -> Result<()> {
             "--draft-model is not used with --speculative {name}: pass --speculative draft-model \
              (or auto) to draft with it, or drop --draft-model"
         ))
+        .into());
+    }
+    if a.stop.iter().any(String::is_empty) {
+        return Err(Usage(
+            "--stop '' would stop before the first token: pass a non-empty stop string, or drop \
+             --stop"
+                .into(),
+        )
         .into());
     }
     if a.speculative == SpeculativeArg::DraftModel && a.draft_model.is_none() {

@@ -4,9 +4,16 @@
 //! files; there is no network), runs on a fuel budget and writes into a
 //! buffer that refuses output past [`MAX_OUTPUT`] bytes, so a hostile or
 //! broken template ends in an error, not a hang or an unbounded string.
-//! minijinja caps `range` (100,000 items) and string repetition (100 MB); it
-//! has no hook to bound a string built by repeated concatenation inside the
-//! template, which fuel bounds only in the number of steps.
+//! minijinja caps `range` (100,000 items) and string repetition (100 MB), but
+//! fuel bounds only the number of steps, not the size of what they build: a
+//! loop that doubles a string (`~`, `+`, `replace`, `join` of a doubled list)
+//! reaches terabytes in forty steps. So the rendering runs in a bounded
+//! arena: on its own thread under [`mlx_tensor::budget::run_bounded`], whose
+//! heap allocations may not pass [`MAX_MEMORY`] bytes; past that the thread
+//! is stopped (parked, holding at most the limit) and the render fails with
+//! an error. The bound needs the binary to install
+//! [`mlx_tensor::budget::Counting`] as its global allocator, which
+//! `mtp-runner` does; elsewhere rendering is bounded by fuel and output only.
 
 use minijinja::{Environment, Error as JinjaError, ErrorKind, context};
 use serde::Serialize;
@@ -20,6 +27,9 @@ pub const FUEL: u64 = 5_000_000;
 /// Longest rendered prompt accepted, in bytes (far beyond any context: a
 /// token is a few bytes).
 pub const MAX_OUTPUT: usize = 16 << 20;
+/// Most heap memory one render may hold, in bytes: the output buffer plus
+/// every value the template builds (real templates need well under 1 MiB).
+pub const MAX_MEMORY: usize = 256 << 20;
 
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -40,8 +50,31 @@ impl Message {
     }
 }
 
-/// Renders `template` for `messages`.
+/// Renders `template` for `messages`, bounded in steps, output and memory.
 pub fn render_template(
+    template: &str,
+    messages: &[Message],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<String> {
+    let (template, messages) = (template.to_owned(), messages.to_vec());
+    let (bos, eos) = (bos_token.to_owned(), eos_token.to_owned());
+    mlx_tensor::budget::run_bounded(MAX_MEMORY, move || {
+        render_unbounded(&template, &messages, add_generation_prompt, &bos, &eos)
+    })
+    .unwrap_or_else(|over| {
+        Err(Error::ChatTemplate(format!(
+            "rendering needed more than {} MiB of memory and was stopped (a loop that grows a \
+             string or list?); the template in tokenizer_config.json is broken or hostile: \
+             replace it with the model's original",
+            over.limit >> 20
+        )))
+    })
+}
+
+/// [`render_template`]'s work, on the bounded thread.
+fn render_unbounded(
     template: &str,
     messages: &[Message],
     add_generation_prompt: bool,

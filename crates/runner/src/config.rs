@@ -340,12 +340,36 @@ impl ModelConfig {
         if head_dim % 2 != 0 {
             return Err(bad("head_dim", format!("{head_dim} must be even for RoPE")));
         }
-        if raw.rope_theta.is_nan() || raw.rope_theta <= 0.0 {
+        // robust2: a value that parsed to infinity (1e39 into f32) is as wrong as a negative one.
+        if !raw.rope_theta.is_finite() || raw.rope_theta <= 0.0 {
             return Err(bad(
                 "rope_theta",
-                format!("{} must be positive", raw.rope_theta),
+                format!(
+                    "{} must be a positive finite number (f32 holds up to 3.4e38)",
+                    raw.rope_theta
+                ),
             ));
         }
+        if !raw.rms_norm_eps.is_finite() || raw.rms_norm_eps <= 0.0 {
+            return Err(bad(
+                "rms_norm_eps",
+                format!(
+                    "{} must be a small positive finite number (typically 1e-5 or 1e-6); zero or \
+                     a negative value makes RMSNorm divide by zero or take the root of a \
+                     negative number",
+                    raw.rms_norm_eps
+                ),
+            ));
+        }
+        if let Some(f) = raw.partial_rotary_factor
+            && !f.is_finite()
+        {
+            return Err(bad(
+                "partial_rotary_factor",
+                format!("{f} must be a finite number in (0, 1]"),
+            ));
+        }
+        check_model_size(&raw, head_dim, kv).map_err(|m| bad("num_hidden_layers", m))?;
         let rope_scaling = match raw.rope_scaling {
             None => RopeScaling::None,
             Some(s) => parse_scaling(s, raw.max_position_embeddings, path)?,
@@ -406,8 +430,20 @@ fn parse_scaling(s: RopeScalingRaw, context: usize, path: &Path) -> Result<RopeS
     };
     let kind = s.rope_type.clone().or(s.kind.clone()).unwrap_or_default();
     let factor = s.factor.unwrap_or(1.0);
-    if factor.is_nan() || factor <= 0.0 {
-        return Err(bad(format!("factor {factor} must be positive")));
+    if !factor.is_finite() || factor <= 0.0 {
+        return Err(bad(format!(
+            "factor {factor} must be a positive finite number"
+        )));
+    }
+    for (name, v) in [
+        ("low_freq_factor", s.low_freq_factor),
+        ("high_freq_factor", s.high_freq_factor),
+    ] {
+        if let Some(v) = v
+            && (!v.is_finite() || v <= 0.0)
+        {
+            return Err(bad(format!("{name} {v} must be a positive finite number")));
+        }
     }
     match kind.as_str() {
         "default" | "" => Ok(RopeScaling::None),
@@ -473,6 +509,40 @@ fn yarn(s: &RopeScalingRaw, context: usize, path: &Path) -> Result<RopeScaling> 
         attention_factor,
         truncate: s.truncate.unwrap_or(true),
     })
+}
+
+/// Most decoder layers a config may declare: far above any released model
+/// (a few hundred), far below a count whose layer list alone would exhaust memory.
+const MAX_LAYERS: usize = 1 << 14;
+/// Most parameters a config may imply: 2^44 (17.6 T), more than any machine
+/// can hold even at 4 bits.
+const MAX_PARAMETERS: u128 = 1 << 44;
+
+/// robust2: sizes checked against what a machine could hold, before anything is
+/// allocated for them (the layer list, caches, tables).
+fn check_model_size(raw: &RawConfig, head_dim: usize, kv: usize) -> Result<(), String> {
+    let layers = raw.num_hidden_layers;
+    if layers > MAX_LAYERS {
+        return Err(format!(
+            "{layers} layers is more than any model has (the limit is {MAX_LAYERS}); the value \
+             is probably corrupt"
+        ));
+    }
+    let (h, i) = (raw.hidden_size as u128, raw.intermediate_size as u128);
+    let q = (raw.num_attention_heads * head_dim) as u128;
+    let kv = (kv * head_dim) as u128;
+    let per_layer = h * q * 2 + h * kv * 2 + 3 * h * i;
+    let embed = raw.vocab_size as u128 * h * if raw.tie_word_embeddings { 1 } else { 2 };
+    let total = per_layer * layers as u128 + embed;
+    if total > MAX_PARAMETERS {
+        return Err(format!(
+            "hidden_size {}, intermediate_size {}, vocab_size {} and {layers} layers imply {total} \
+             parameters, more than any machine can hold (limit {MAX_PARAMETERS}); a value is \
+             probably corrupt",
+            raw.hidden_size, raw.intermediate_size, raw.vocab_size
+        ));
+    }
+    Ok(())
 }
 
 /// Defaults from `generation_config.json` (all optional).

@@ -14,6 +14,77 @@ pub enum Error {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A file or folder could not be written (a full disk, a read-only place).
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The file or folder being written.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A path the model folder uses is not a regular file (a FIFO, a device,
+    /// a socket, a folder or a dangling symlink), refused before it is opened
+    /// so that a load never blocks on it.
+    #[error("{path} is {kind}, not a regular file: {hint}")]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is ("a FIFO", "a dangling symlink", ...).
+        kind: &'static str,
+        /// How to fix it.
+        hint: String,
+    },
+    /// A file is a git-lfs pointer, not the content it points to.
+    #[error(
+        "{path} is a git-lfs pointer ({bytes} bytes), not the file itself: run `git lfs pull` in \
+         the model's repository (or download the file directly)"
+    )]
+    LfsPointer {
+        /// The pointer file.
+        path: PathBuf,
+        /// Its size.
+        bytes: u64,
+    },
+    /// Another run is writing the same output folder.
+    #[error(
+        "{out} is being written by another run (its staging folder {staging} exists): wait for \
+         it to finish, or, if no other run is active (a killed run leaves the folder), delete \
+         {staging} and retry"
+    )]
+    OutputBusy {
+        /// The output folder asked for.
+        out: PathBuf,
+        /// The staging sibling that claims it.
+        staging: PathBuf,
+    },
+    /// The work was interrupted (Ctrl-C) before it finished; nothing partial was left.
+    #[error("interrupted (Ctrl-C): {what}")]
+    Interrupted {
+        /// What was stopped and what was cleaned up.
+        what: String,
+    },
+    /// The logits of a step held NaN or infinite values, so no token can be sampled.
+    #[error(
+        "the model produced non-finite logits (NaN or infinity) at position {position}: {cause}"
+    )]
+    NonFiniteLogits {
+        /// Position in the sequence of the token that was to be sampled.
+        position: usize,
+        /// The likely causes and the fix.
+        cause: String,
+    },
+    /// The prompt text is so long that it cannot fit the context, found
+    /// before (or while) tokenizing it.
+    #[error(
+        "prompt too long: {found}, but the model's context is {context} tokens; shorten the \
+         prompt"
+    )]
+    PromptTooLarge {
+        /// What was measured ("20971520 bytes, at least 41943 tokens").
+        found: String,
+        /// Context length in tokens.
+        context: usize,
+    },
     /// A file the model folder needs is missing.
     #[error("{path} not found: {hint}")]
     MissingFile {
@@ -171,7 +242,9 @@ pub enum Error {
     #[error("the prompt is empty: at least one token is needed")]
     EmptyPrompt,
     /// The prompt does not fit the model's context.
-    #[error("prompt has {prompt} tokens but the model's context is {context} tokens")]
+    #[error(
+        "prompt too long: the prompt has {prompt} tokens but the model's context is {context} tokens"
+    )]
     PromptTooLong {
         /// Prompt tokens.
         prompt: usize,
@@ -244,9 +317,16 @@ impl Error {
     /// True when the input (files, config, options, prompt) is at fault rather than
     /// the runtime: callers map this to a "bad input" exit code.
     pub fn is_bad_input(&self) -> bool {
+        // An unreadable input file is bad input (exit 2 in the CLI); a failed
+        // write, an interruption and MLX failures are the runtime's.
         !matches!(
             self,
-            Error::Io { .. } | Error::Encode(_) | Error::Cache(_) | Error::Draft(_) | Error::Mlx(_)
+            Error::Write { .. }
+                | Error::Interrupted { .. }
+                | Error::Encode(_)
+                | Error::Cache(_)
+                | Error::Draft(_)
+                | Error::Mlx(_)
         )
     }
 }

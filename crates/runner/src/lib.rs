@@ -70,13 +70,19 @@
 // weight views land, then `pub(crate)` like the rest).
 pub mod chat;
 pub mod config;
+// Bad-input guards: files in model folders, non-finite values, output folders.
+pub mod files;
+pub mod finite;
 pub mod load;
 pub mod model;
 pub mod models;
 pub mod mtp;
+pub mod out_dir;
 pub mod quant;
 pub mod tokenizer;
 pub mod weights;
+// Reproducible sampling under a seed (the auto depth's fixed cost model).
+pub mod seeded;
 // Text utilities with no model state.
 pub mod detok;
 pub mod stop;

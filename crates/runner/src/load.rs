@@ -57,6 +57,8 @@ pub fn load(
     opts: LoadOptions,
     progress: impl FnMut(usize, usize),
 ) -> Result<LoadedModel> {
+    // robust2: refuse FIFOs, devices, dangling links and git-lfs pointers before any open.
+    crate::files::check_model_folder(dir)?;
     let (family, config) = resolve(dir)?;
     let generation_config = GenerationConfig::load(dir)?;
     let tokenizer = Tokenizer::load(dir, &config, &generation_config)?;
@@ -168,6 +170,8 @@ impl ModelInfo {
 /// the stored shapes, so every name and shape is checked and `info` fails
 /// exactly where loading would (unused tensors included).
 pub fn inspect(dir: &Path) -> Result<ModelInfo> {
+    // robust2: refuse FIFOs, devices, dangling links and git-lfs pointers before any open.
+    crate::files::check_model_folder(dir)?;
     let (family, config) = resolve(dir)?;
     let mut weights = Weights::from_headers(dir, Dtype::Float32)?;
     let info = ModelInfo::from_parts(family.name, &config, &weights);

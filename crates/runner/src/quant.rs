@@ -27,7 +27,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result, read_json};
 
-pub use write::{QuantizeOptions, QuantizeReport, quantize_folder};
+pub use write::{QuantizeOptions, QuantizeReport, quantize_folder, quantize_folder_cancellable};
 
 /// Bit widths MLX's affine kernels implement.
 pub const SUPPORTED_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];

@@ -153,6 +153,76 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// The most text bytes a prompt of `context` tokens can span: `context`
+    /// times the longest token's spelling (a token spells at most the bytes
+    /// of its vocabulary string: byte-level `Ġ` and SentencePiece `▁` are
+    /// longer than the byte they stand for), times 4 for normalisers that
+    /// shrink text (composing accents). Longer text cannot fit the context.
+    pub fn max_text_bytes(&self, context: usize) -> usize {
+        let longest = self
+            .inner
+            .get_vocab(true)
+            .keys()
+            .map(String::len)
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        context.saturating_mul(longest).saturating_mul(4)
+    }
+
+    /// [`Tokenizer::encode`] for a prompt that must fit `context` tokens,
+    /// failing fast with [`Error::PromptTooLarge`] when it cannot: text longer
+    /// than [`Tokenizer::max_text_bytes`] is refused unread, and long text is
+    /// first counted in 64 KiB pieces (memory per piece, not per prompt),
+    /// stopping once the count passes twice the context. Text that passes is
+    /// tokenized whole, so the ids are exactly [`Tokenizer::encode`]'s; the
+    /// caller still checks their count against the context.
+    pub fn encode_within(&self, text: &str, special: bool, context: usize) -> Result<Vec<u32>> {
+        const PIECE: usize = 64 << 10;
+        let limit = self.max_text_bytes(context);
+        if text.len() > limit {
+            return Err(Error::PromptTooLarge {
+                found: format!(
+                    "{} bytes of text, more than the {limit} that {context} tokens of this \
+                     tokenizer can spell",
+                    text.len()
+                ),
+                context,
+            });
+        }
+        if text.len() > PIECE {
+            let mut counted = 0usize;
+            let mut rest = text;
+            while !rest.is_empty() {
+                let mut end = rest.len().min(PIECE);
+                while !rest.is_char_boundary(end) {
+                    end += 1;
+                }
+                // End a piece after whitespace where there is some, so that
+                // pieces split where the pre-tokenizer splits anyway.
+                if end < rest.len()
+                    && let Some(ws) = rest[..end].rfind(char::is_whitespace)
+                    && ws > 0
+                {
+                    end = ws;
+                }
+                counted += self.encode(&rest[..end], false)?.len();
+                rest = &rest[end..];
+                if counted > context.saturating_mul(2) {
+                    return Err(Error::PromptTooLarge {
+                        found: format!(
+                            "{} bytes of text, at least {counted} tokens (counted in pieces, \
+                             stopped early)",
+                            text.len()
+                        ),
+                        context,
+                    });
+                }
+            }
+        }
+        self.encode(text, special)
+    }
+
     /// Text of `ids`, skipping special tokens.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner

@@ -1,5 +1,8 @@
 //! [`History`]: the recent tokens of one sequence, for repetition penalties.
 
+/// Tokens a new history reserves room for; longer windows grow on demand.
+const PREALLOCATED: usize = 4096;
+
 /// The last `window` committed tokens of one sequence.
 ///
 /// Speculative rows never mutate it: [`crate::Distribution::from_logits`]
@@ -18,7 +21,8 @@ impl History {
     pub fn new(window: usize) -> Self {
         History {
             window,
-            tokens: Vec::with_capacity(window),
+            // Grown as tokens arrive: a huge `repeat_last_n` must not allocate up front.
+            tokens: Vec::with_capacity(window.min(PREALLOCATED)),
         }
     }
 

@@ -4,9 +4,31 @@ use crate::{Error, Result};
 
 /// How to turn logits into a token distribution.
 ///
-/// Semantics follow ollama / llama.cpp. The pipeline is penalties →
-/// temperature → top-k → top-p → min-p → normalise (see
-/// [`crate::Distribution::from_logits`]).
+/// The pipeline is penalties → temperature → top-k → top-p → min-p →
+/// normalise (see [`crate::Distribution::from_logits`]): the logits are
+/// penalised, divided by the temperature, cut to the `top_k` largest, turned
+/// into probabilities, cut to the nucleus of mass `top_p`, cut below `min_p`
+/// times the largest probability, and renormalised. Each option's meaning
+/// (ranges, "off" values) follows ollama and llama.cpp.
+///
+/// **Order.** This is the order of ollama's sampler and of Hugging Face
+/// transformers' logits processors (the temperature warper runs before the
+/// top-k and top-p warpers). It is *not* the order of llama.cpp's default
+/// sampler chain (`… top_k; typ_p; top_p; min_p; xtc; temperature`) nor of
+/// mlx-lm's `make_sampler` (top-p, min-p and top-k on the unscaled log
+/// probabilities, the temperature applied when drawing): those cut top-p and
+/// min-p *before* the temperature. The orders agree at temperature 1 and for
+/// top-k alone (dividing by a temperature does not reorder tokens); with
+/// another temperature and top-p or min-p they keep different sets, so the
+/// same options give a different distribution there than here.
+///
+/// **Top-p fidelity.** The nucleus is decided in f32: the exclusive
+/// cumulative sum of the sorted f32 probabilities is compared with `top_p` in
+/// f32, so a token whose exclusive mass lies within the sum's rounding error
+/// of `top_p` (about 1.5e-5 over a vocabulary of ~150k tokens) may be kept or
+/// cut differently from exact arithmetic. Plain and speculative decoding run
+/// the same computation, so this is a matter of fidelity to an exact
+/// reference, not of losslessness.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Options {
     /// Divides the logits; `0` means greedy (one-hot argmax rows).

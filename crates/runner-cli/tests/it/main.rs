@@ -8,4 +8,6 @@ mod cli;
 mod drafters_cli;
 mod quantize;
 mod robust_cli;
+mod robust_io;
+mod robust_quantize;
 mod spec_cli;

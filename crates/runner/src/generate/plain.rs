@@ -65,17 +65,19 @@ pub(super) fn run<F: FnMut(&str)>(
             _ => 0,
         };
         let ahead = if d.pipelined && more && k == 0 {
-            Some(step(target, &y, d)?)
+            Some(step(target, &y.token, d)?)
         } else {
             None
         };
-        let id: u32 = y.item()?;
+        let id: u32 = y.read()?; // fails on non-finite logits
         d.output.first_token();
         if let Some(t) = tap.as_mut() {
             let now = Instant::now();
             let seconds = (now - t0).as_secs_f64();
             t0 = now;
-            t.depth.record(0, 0, seconds);
+            // Under a seed, a modelled cost instead of the wall time.
+            t.depth
+                .record(0, 0, crate::seeded::round_cost(seconds, 0, d.options));
             t.stats.record(&RoundOutcome {
                 drafted: 0,
                 accepted: 0,
@@ -87,7 +89,7 @@ pub(super) fn run<F: FnMut(&str)>(
             // An end-of-sequence token forwarded ahead is dropped below.
             if let Some(t) = tap.as_mut().filter(|_| !d.output.is_eos(id)) {
                 t.draft
-                    .committed(&[id], &y, &a.hidden, target.committed().len())?;
+                    .committed(&[id], &y.token, &a.hidden, target.committed().len())?;
             }
             target.push(id);
         }

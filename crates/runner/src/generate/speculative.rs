@@ -67,7 +67,9 @@ pub(super) fn run<F: FnMut(&str)>(
         }
         let round = round(target, draft, current, k, d)?;
         d.output.first_token();
-        depth.record(round.drafted, round.accepted, round.seconds);
+        // Under a seed, a modelled cost instead of the wall time.
+        let cost = crate::seeded::round_cost(round.seconds, round.drafted, d.options);
+        depth.record(round.drafted, round.accepted, cost);
         stats.record(&round);
         let mut done = false;
         for &id in &round.emitted {
@@ -104,7 +106,7 @@ fn round<F: FnMut(&str)>(
         let s = step(target, &cur, d)?;
         // The step's one sync: the sample's graph holds the forward, and so
         // every cache write and the hidden reported below.
-        let next: u32 = s.next.item()?;
+        let next: u32 = s.next.read()?;
         draft.committed(&[current], &cur, &s.hidden, pos)?;
         target.push(current);
         return Ok(RoundOutcome {
@@ -132,7 +134,9 @@ fn round<F: FnMut(&str)>(
     let acceptance = accept_chain(&dist, &proposal.dist, &proposal.tokens, &d.keys.next_key()?)?;
     // The round's one sync: the acceptance's graph holds the target forward
     // (every cache write, the hiddens reported below) and the draft chain.
-    let mut emitted = acceptance.read_emitted()?;
+    // The target rows' finiteness is read in the same sync.
+    let mut emitted =
+        crate::finite::read_emitted(&acceptance, &logits, d.options, pos + 1, hidden.dtype())?;
     let accepted = emitted.len() - 1;
     // Keep `current` and the accepted drafts before any end-of-sequence token.
     let keep_drafts = match emitted.iter().position(|&t| d.output.is_eos(t)) {

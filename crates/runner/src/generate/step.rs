@@ -9,6 +9,7 @@ use sampler::{History, KeyStream, Options, sample_next};
 
 use super::output::{Flow, Output};
 use crate::error::Result;
+use crate::finite::Checked;
 use crate::session::Target;
 
 /// What every decoder of one request shares: the sampling state, the output
@@ -55,8 +56,9 @@ impl<F: FnMut(&str)> Decode<'_, F> {
 
 /// A forwarded token's outputs.
 pub(super) struct Step {
-    /// The next token, sampled from the last row (lazy, dispatched).
-    pub(super) next: Array,
+    /// The next token, sampled from the last row (lazy, dispatched), with the
+    /// row's finiteness flag read in the same sync (robust2).
+    pub(super) next: Checked,
     /// The forward's hidden row `[1, H]` (lazy).
     pub(super) hidden: Array,
 }
@@ -69,9 +71,11 @@ pub(super) fn step<F: FnMut(&str)>(
     token: &Array,
     d: &mut Decode<'_, F>,
 ) -> Result<Step> {
+    let at = target.offset();
     let hidden = target.forward_one(token)?;
     let logits = target.model().unembed(&hidden)?;
     let next = sample_next(&logits, d.options, &d.history, &d.keys.next_key()?)?;
+    let next = crate::finite::check(&logits, &next, d.options, at + 1, hidden.dtype())?;
     next.async_eval()?;
     Ok(Step { next, hidden })
 }

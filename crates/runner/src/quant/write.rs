@@ -2,12 +2,15 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use mlx_tensor::{Array, Dtype};
 use serde_json::Value;
 
 use super::{QuantConfig, QuantParams, QuantizedTensor};
 use crate::error::{Error, Result, read_json};
+use crate::files::Presence;
+use crate::out_dir::StagedDir;
 use crate::weights::{TensorLayout, validate_header, weight_files};
 
 /// Files copied verbatim when present (tokenizer, chat template, defaults).
@@ -99,9 +102,26 @@ pub(crate) fn is_mtp_module(path: &str, num_hidden_layers: usize) -> bool {
 /// `config.json` with the `quantization` block (and its `quantization_config`
 /// copy), the tokenizer and generation files, and a README.md saying how it
 /// was made. `dst` must not exist or be empty.
-// Long: the writer's steps in order (read, quantize, write, config, README).
+///
+/// The folder is written as a [`StagedDir`]: claimed before the long work,
+/// filled in a hidden sibling and renamed into place only when complete, so
+/// it is never seen without its last files and two runs into one `dst`
+/// cannot both succeed.
 pub fn quantize_folder(src: &Path, dst: &Path, opts: &QuantizeOptions) -> Result<QuantizeReport> {
+    quantize_folder_cancellable(src, dst, opts, &AtomicBool::new(false))
+}
+
+/// [`quantize_folder`], checking `cancel` between tensors: once it is set the
+/// staging folder is removed and [`Error::Interrupted`] returned.
+// Long: the writer's steps in order (read, quantize, write, config, README).
+pub fn quantize_folder_cancellable(
+    src: &Path,
+    dst: &Path,
+    opts: &QuantizeOptions,
+    cancel: &AtomicBool,
+) -> Result<QuantizeReport> {
     opts.validate()?;
+    crate::files::check_model_folder(src)?;
     let config_path = src.join("config.json");
     let (_, config) = crate::model::resolve(src)?;
     let mut raw: Value = read_json(&config_path)?;
@@ -125,7 +145,29 @@ pub fn quantize_folder(src: &Path, dst: &Path, opts: &QuantizeOptions) -> Result
             ),
         });
     }
-    check_out_dir(dst)?;
+    // Every source file is checked before the long work: a file that cannot
+    // be read fails now, not after minutes of quantizing.
+    let files = weight_files(src)?;
+    let mut source_bytes = 0;
+    for file in &files {
+        validate_header(file)?;
+        readable(file)?;
+        source_bytes += file_len(file)?;
+    }
+    let copied: Vec<&str> = COPIED
+        .into_iter()
+        .filter(|f| matches!(crate::files::regular(&src.join(f)), Ok(Presence::File(_))))
+        .collect();
+    for f in &copied {
+        readable(&src.join(f))?;
+    }
+    let staged = StagedDir::claim(dst)?;
+    let interrupted = || Error::Interrupted {
+        what: format!(
+            "quantizing stopped; the partial output was removed and {} was not created",
+            dst.display()
+        ),
+    };
 
     let mut quant = QuantConfig {
         default: opts.params(),
@@ -137,13 +179,14 @@ pub fn quantize_folder(src: &Path, dst: &Path, opts: &QuantizeOptions) -> Result
         kept: Vec::new(),
         copied: Vec::new(),
         skipped: 0,
-        source_bytes: 0,
+        source_bytes,
         written_bytes: 0,
     };
-    for file in weight_files(src)? {
-        validate_header(&file)?;
-        report.source_bytes += file_len(&file)?;
-        for (name, a) in mlx_tensor::io::load_safetensors(&file)?.tensors {
+    for file in &files {
+        for (name, a) in mlx_tensor::io::load_safetensors(file)?.tensors {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(interrupted());
+            }
             if TensorLayout::skips(&name) {
                 report.skipped += 1;
                 continue;
@@ -185,42 +228,53 @@ pub fn quantize_folder(src: &Path, dst: &Path, opts: &QuantizeOptions) -> Result
             }
             let source = a.dtype();
             let q = QuantizedTensor::quantize(&a.as_type(Dtype::Float32)?, opts.params())?;
+            let (scales, biases) = (q.scales.as_type(source)?, q.biases.as_type(source)?);
+            // Evaluated here, one matrix at a time, so the work is spread
+            // between the cancel checks instead of all happening in the save.
+            mlx_tensor::eval(&[q.weight.clone(), scales.clone(), biases.clone()])?;
             // Scales and biases in the source dtype, as mlx-lm stores them.
             out.push((name, q.weight));
-            out.push((format!("{module}.scales"), q.scales.as_type(source)?));
-            out.push((format!("{module}.biases"), q.biases.as_type(source)?));
+            out.push((format!("{module}.scales"), scales));
+            out.push((format!("{module}.biases"), biases));
             report.quantized.push(module.to_owned());
         }
     }
     report.quantized.sort();
     report.kept.sort();
+    if cancel.load(Ordering::Relaxed) {
+        return Err(interrupted());
+    }
 
-    let io = |path: &Path| {
-        let path = path.to_owned();
-        move |source| Error::Io { path, source }
-    };
-    std::fs::create_dir_all(dst).map_err(io(dst))?;
-    let weights_path = dst.join("model.safetensors");
-    mlx_tensor::io::save_safetensors(&weights_path, out.iter().map(|(n, a)| (n.as_str(), a)))?;
-    report.written_bytes = file_len(&weights_path)?;
+    let dir = staged.path();
+    let weights_path = dir.join("model.safetensors");
+    let data_bytes: usize = out.iter().map(|(_, a)| a.nbytes()).sum();
+    mlx_tensor::io::save_safetensors(&weights_path, out.iter().map(|(n, a)| (n.as_str(), a)))
+        .map_err(|e| Error::Write {
+            path: weights_path.clone(),
+            source: std::io::Error::other(format!(
+                "{e} (the disk is probably full; nothing was left behind)"
+            )),
+        })?;
+    report.written_bytes = check_saved(&weights_path, data_bytes)?;
 
     let block = quant.to_json();
     raw["quantization"] = block.clone();
     raw["quantization_config"] = block;
     let text = serde_json::to_string_pretty(&raw).expect("JSON values serialise");
-    let p = dst.join("config.json");
-    std::fs::write(&p, text + "\n").map_err(io(&p))?;
+    staged.write(&dir.join("config.json"), (text + "\n").as_bytes())?;
 
-    for f in COPIED {
-        let from = src.join(f);
-        if from.is_file() {
-            let to = dst.join(f);
-            std::fs::copy(&from, &to).map_err(io(&from))?;
-            report.copied.push(f.to_owned());
-        }
+    for f in copied {
+        staged.copy(&src.join(f), &dir.join(f))?;
+        report.copied.push(f.to_owned());
     }
-    let p = dst.join("README.md");
-    std::fs::write(&p, readme(src, opts, &report)).map_err(io(&p))?;
+    staged.write(
+        &dir.join("README.md"),
+        readme(src, opts, &report).as_bytes(),
+    )?;
+    if cancel.load(Ordering::Relaxed) {
+        return Err(interrupted());
+    }
+    staged.commit()?;
     tracing::info!(
         quantized = report.quantized.len(),
         kept = report.kept.len(),
@@ -230,32 +284,53 @@ pub fn quantize_folder(src: &Path, dst: &Path, opts: &QuantizeOptions) -> Result
     Ok(report)
 }
 
-/// `dst` must be absent or an empty folder, so nothing is overwritten.
-fn check_out_dir(dst: &Path) -> Result<()> {
-    if !dst.exists() {
-        return Ok(());
-    }
-    let bad = |message: String| Error::InvalidOption {
-        option: "--out",
-        message,
-    };
-    if !dst.is_dir() {
-        return Err(bad(format!(
-            "{} exists and is not a folder; pass a new folder path",
-            dst.display()
-        )));
-    }
-    let mut entries = std::fs::read_dir(dst).map_err(|source| Error::Io {
-        path: dst.to_owned(),
+/// Opens `path` and reads one byte, so an unreadable file (permissions, an
+/// I/O error) fails before the long work rather than in the middle of it.
+fn readable(path: &Path) -> Result<()> {
+    let io = |source| Error::Io {
+        path: path.to_owned(),
         source,
-    })?;
-    if entries.next().is_some() {
-        return Err(bad(format!(
-            "{} exists and is not empty; pass a new folder or empty it first",
-            dst.display()
+    };
+    let mut f = crate::files::open_regular(path)?;
+    let mut byte = [0u8; 1];
+    std::io::Read::read(&mut f, &mut byte).map_err(io)?;
+    Ok(())
+}
+
+/// The length of a safetensors file MLX just wrote, after checking that all
+/// of it reached the file: MLX's writer does not report a short write (a full
+/// disk), so the size is compared with the header and the `data` bytes.
+fn check_saved(path: &Path, data: usize) -> Result<u64> {
+    let short = |message: String| Error::Write {
+        path: path.to_owned(),
+        source: std::io::Error::other(message),
+    };
+    let len = std::fs::metadata(path)
+        .map_err(|source| Error::Write {
+            path: path.to_owned(),
+            source,
+        })?
+        .len();
+    let mut n = [0u8; 8];
+    let header = std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut n))
+        .map(|()| u64::from_le_bytes(n));
+    let expected = match header {
+        Ok(h) => 8 + h + data as u64,
+        Err(_) => u64::MAX,
+    };
+    if len != expected {
+        return Err(short(format!(
+            "only {len} bytes reached the file, {} expected: the disk is probably full (free \
+             some space and retry; nothing was left behind)",
+            if expected == u64::MAX {
+                "more".to_owned()
+            } else {
+                expected.to_string()
+            }
         )));
     }
-    Ok(())
+    Ok(len)
 }
 
 fn file_len(path: &Path) -> Result<u64> {

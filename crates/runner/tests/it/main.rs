@@ -25,6 +25,7 @@ mod quantized;
 mod reference;
 mod robust_cancel;
 mod robust_fuzz;
+mod robust_seed;
 mod robust_template;
 mod soak;
 mod spec_memory;

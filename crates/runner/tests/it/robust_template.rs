@@ -2,7 +2,11 @@
 //! error naming the cause (fuel, output limit, no file access), never a
 //! hang, a crash or an unbounded string.
 
-use runner::chat::{MAX_OUTPUT, Message, render_template};
+use runner::chat::{MAX_MEMORY, MAX_OUTPUT, Message, render_template};
+
+/// As in `mtp-runner`: rendering is bounded in memory only under the counting allocator.
+#[global_allocator]
+static ALLOC: mlx_tensor::budget::Counting = mlx_tensor::budget::Counting;
 
 /// Renders `template` over one user message and expects an error mentioning
 /// each of `expected`.
@@ -86,4 +90,34 @@ fn the_fixture_template_renders() {
         out,
         "<|im_start|>system\ns<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     );
+}
+
+#[test]
+fn values_that_double_in_a_loop_stop_at_the_memory_limit() {
+    assert!(mlx_tensor::budget::installed());
+    let limit = format!("{} MiB", MAX_MEMORY >> 20);
+    for t in [
+        // `~` concatenation, `+` on strings, `replace`, and a lazily doubled list
+        // joined at the end: each reaches 2^64 bytes in 64 steps of little fuel.
+        "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}\
+         {% endfor %}{{ ns.s|length }}",
+        "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}\
+         {% endfor %}{{ ns.s|length }}",
+        "{% set ns = namespace(s='a') %}{% for i in range(64) %}\
+         {% set ns.s = ns.s|replace('a', 'aa') %}{% endfor %}{{ ns.s|length }}",
+        "{% set ns = namespace(l=['x']) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}\
+         {% endfor %}{{ ns.l|join|length }}",
+    ] {
+        let t0 = std::time::Instant::now();
+        check(t, &["chat template", &limit, "memory", "replace it"]);
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(60),
+            "`{t}` took {:?}",
+            t0.elapsed()
+        );
+    }
+    // A render after a stopped one works: the budget is per render.
+    let msgs = [Message::new("user", "hi")];
+    let out = render_template(runner::testing::CHAT_TEMPLATE, &msgs, false, "", "").unwrap();
+    assert!(out.contains("hi"), "{out}");
 }
