@@ -51,6 +51,9 @@ pub enum Command {
     /// Chat with a model over several turns (interactive, or --script FILE).
     #[command(allow_negative_numbers = true, after_help = crate::chat::AFTER_HELP)]
     Chat(crate::chat::ChatArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    #[command(allow_negative_numbers = true, after_help = crate::serve::AFTER_HELP)]
+    Serve(crate::serve::ServeArgs),
 }
 
 /// `generate` options.

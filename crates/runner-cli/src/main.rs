@@ -9,6 +9,8 @@ mod args_props;
 mod chat;
 mod quantize;
 mod report;
+// `serve` (HTTP server): everything lives under serve/.
+mod serve;
 mod validate;
 
 use std::io::{IsTerminal, Read, Write};
@@ -64,6 +66,7 @@ fn run_cli() -> u8 {
         Command::Info(a) => info(a),
         Command::Quantize(a) => quantize::run(a),
         Command::Chat(a) => chat::run(a, cli.verbose),
+        Command::Serve(a) => serve::run(a),
     };
     match result {
         Ok(code) => code,
