@@ -81,6 +81,13 @@ pub struct Request {
 
 /// Parses and checks a request body for `endpoint` on a server of model `served`.
 pub fn parse(body: &[u8], endpoint: Endpoint, served: &str) -> Result<Request, ApiError> {
+    // serde would read a struct from an array too (fields by position).
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(match serde_json::from_slice::<Value>(body) {
+            Ok(_) => ApiError::bad_json("the request body must be a JSON object".into()),
+            Err(e) => ApiError::bad_json(format!("the request body is not valid JSON: {e}")),
+        });
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let w: Wire = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
