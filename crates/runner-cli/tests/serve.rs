@@ -221,12 +221,14 @@ fn content(v: &Value) -> String {
         .to_owned()
 }
 
+/// Path, body, status, the error's `param`, words its message must hold.
+type Case<'a> = (&'a str, String, u16, Option<&'a str>, Vec<&'a str>);
+
 #[test]
 fn malformed_input_gets_its_status_and_names_the_field() {
     let s = Server::start(&["--max-body-bytes", "65536"]);
     let long_prompt = "a b ".repeat(3000);
-    // (path, body, status, param, words the message must hold)
-    let table: Vec<(&str, String, u16, Option<&str>, Vec<&str>)> = vec![
+    let table: Vec<Case<'_>> = vec![
         (
             "/v1/chat/completions",
             "{".into(),

@@ -66,6 +66,9 @@ struct Spec {
     accepted_per_pos: Vec<u64>,
 }
 
+/// Reads one total of a [`Spec`].
+type SpecField = fn(&Spec) -> u64;
+
 #[derive(Debug)]
 struct State {
     /// Responses by (route, status).
@@ -254,7 +257,7 @@ impl Metrics {
             "mtp_runner:request_decode_tokens_per_second",
             "Per request, generated tokens per second after the first.",
         );
-        let spec: [(&str, &str, fn(&Spec) -> u64); 3] = [
+        let spec: [(&str, &str, SpecField); 3] = [
             (
                 "mtp_runner:spec_decode_num_drafts_total",
                 "Speculative rounds that drafted tokens, by drafter.",
