@@ -227,6 +227,17 @@ struct Shared {
     abort_all: AtomicBool,
     /// Set on shutdown: refuse new requests.
     draining: AtomicBool,
+    /// Set when the engine thread has ended (also by a panic).
+    stopped: AtomicBool,
+}
+
+/// Marks the engine stopped when the engine thread ends, however it ends.
+struct StoppedOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StoppedOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The tokenizers of the three [`TokKind`]s.
@@ -362,9 +373,10 @@ impl Engine {
         }
     }
 
-    /// True until shutdown begins.
+    /// True until shutdown begins or the engine thread ends.
     pub fn accepting(&self) -> bool {
         !self.shared.draining.load(Ordering::Relaxed)
+            && !self.shared.stopped.load(Ordering::Relaxed)
     }
 
     /// Tokenizes `prompt` and builds the options of `params` over the
@@ -493,7 +505,9 @@ impl Engine {
         events: UnboundedSender<Event>,
     ) -> Result<Ticket, ApiError> {
         if !self.accepting() {
-            return Err(ApiError::unavailable("the server is shutting down"));
+            return Err(ApiError::unavailable(
+                "the server is shutting down (or its engine stopped)",
+            ));
         }
         let cancel = Arc::new(AtomicBool::new(false));
         let job = Job {
@@ -526,6 +540,7 @@ fn engine_main(
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
 ) {
+    let _stopped = StoppedOnDrop(&shared.stopped);
     let a = &config.decode;
     // MLX's default device and streams are per thread: choose them here.
     let loaded = (|| {

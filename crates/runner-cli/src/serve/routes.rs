@@ -79,7 +79,7 @@ async fn health(State(s): State<AppState>) -> Response {
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"status": "shutting down"})),
+            axum::Json(json!({"status": "unavailable: shutting down, or the engine stopped"})),
         )
             .into_response()
     }
