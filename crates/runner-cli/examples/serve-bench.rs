@@ -4,8 +4,9 @@
 //!
 //! Each setting starts its own server on 127.0.0.1:0; `--clients` threads
 //! share `--conversations` chats of `--turns` turns, every turn re-sending the
-//! whole history (as chat front-ends do) with a `--max-tokens` greedy reply
-//! that ignores end-of-sequence, so every setting generates the same tokens.
+//! whole history (as chat front-ends do) with a greedy reply of at most
+//! `--max-tokens`; greedy decoding is lossless, so every setting generates
+//! the same tokens.
 //!
 //! ```sh
 //! cargo run --release -p runner-cli --example serve-bench -- --bin target/release/mtp-runner
@@ -119,8 +120,7 @@ fn chat(
     messages: &[Value],
     max_tokens: usize,
 ) -> Result<(String, Sample)> {
-    let body = json!({"messages": messages, "max_tokens": max_tokens, "temperature": 0,
-        "ignore_eos": true});
+    let body = json!({"messages": messages, "max_tokens": max_tokens, "temperature": 0});
     let t = Instant::now();
     let mut r = agent
         .post(format!("{url}/v1/chat/completions"))
@@ -206,7 +206,7 @@ fn main() -> Result<()> {
         let tokens: u64 = samples.iter().map(|s| s.completion_tokens).sum();
         let row = json!({
             "bench": "serve",
-            "workload": format!("{} chats x {} turns, {} clients, {} tokens per reply", o.conversations, o.turns, o.clients, o.max_tokens),
+            "workload": format!("{} chats x {} turns, {} clients, at most {} tokens per reply", o.conversations, o.turns, o.clients, o.max_tokens),
             "speculation": speculation,
             "prefix_reuse": reuse,
             "requests": n,

@@ -515,7 +515,7 @@ fn sixteen_clients_of_four_requests_get_the_sequential_greedy_outputs() {
 #[allow(clippy::print_stderr)]
 fn a_client_killed_mid_stream_stops_its_decoding_and_frees_the_engine() {
     let s = Server::start(&[]);
-    let long = json!({"prompt": "import os\n", "max_tokens": 1900, "ignore_eos": true,
+    let long = json!({"prompt": "import os\n", "max_tokens": 1900,
         "temperature": 0, "stream": true});
     let mut lines = s.stream("/v1/completions", &long);
     for _ in 0..3 {
@@ -540,12 +540,21 @@ fn a_client_killed_mid_stream_stops_its_decoding_and_frees_the_engine() {
     );
     let killed_tokens = metric(&text, "mtp_runner:generation_tokens_total")
         - v["usage"]["completion_tokens"].as_f64().unwrap();
-    // Left running, it would have generated all 1,900 tokens before the next request.
     assert!(
         killed_tokens < 200.0,
         "the killed stream generated {killed_tokens} tokens"
     );
     assert!(next_took < PATIENCE, "{next_took:?}");
+    // The control: left running, the killed request generates its whole budget.
+    let (_, full) = s.post_json(
+        "/v1/completions",
+        &json!({"prompt": "import os\n", "max_tokens": 1900, "temperature": 0}),
+    );
+    assert_eq!(
+        full["usage"]["completion_tokens"], 1900,
+        "{}",
+        full["usage"]
+    );
     eprintln!(
         "killed stream: {killed_tokens} tokens generated; the next request took {next_took:?}"
     );
@@ -648,7 +657,7 @@ fn metrics_agree_with_the_responses() {
 #[test]
 fn a_full_queue_answers_429_and_the_queued_request_still_runs() {
     let s = Server::start(&["--queue-size", "1"]);
-    let long = json!({"prompt": "import os\n", "max_tokens": 1900, "ignore_eos": true,
+    let long = json!({"prompt": "import os\n", "max_tokens": 1900,
         "temperature": 0, "stream": true});
     let mut running = s.stream("/v1/completions", &long);
     assert!(running.next_data().is_some());
@@ -676,7 +685,7 @@ fn a_full_queue_answers_429_and_the_queued_request_still_runs() {
 #[test]
 fn sigterm_finishes_the_stream_in_flight_and_exits_zero() {
     let mut s = Server::start(&[]);
-    let body = json!({"prompt": "import os\n", "max_tokens": 48, "ignore_eos": true,
+    let body = json!({"prompt": "import os\n", "max_tokens": 48,
         "temperature": 0, "stream": true});
     let mut lines = s.stream("/v1/completions", &body);
     assert!(lines.next_data().is_some());
@@ -693,7 +702,7 @@ fn sigterm_finishes_the_stream_in_flight_and_exits_zero() {
 
     // With no grace the one in flight is cancelled, and the exit is still 0.
     let mut s = Server::start(&["--shutdown-timeout", "0"]);
-    let body = json!({"prompt": "import os\n", "max_tokens": 1900, "ignore_eos": true,
+    let body = json!({"prompt": "import os\n", "max_tokens": 1900,
         "temperature": 0, "stream": true});
     let mut lines = s.stream("/v1/completions", &body);
     assert!(lines.next_data().is_some());

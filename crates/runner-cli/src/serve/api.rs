@@ -109,6 +109,15 @@ pub fn parse(body: &[u8], endpoint: Endpoint, served: &str) -> Result<Request, A
     {
         return Err(ApiError::unknown_model(m, served));
     }
+    if w.ignore_eos == Some(true) {
+        // The model's own end-of-sequence ids always end generation in `runner`.
+        return Err(ApiError::invalid(
+            "ignore_eos",
+            "`ignore_eos` is not supported by this server: drop it (generation ends at the \
+             model's end-of-sequence token, or at `max_tokens`)"
+                .into(),
+        ));
+    }
     if let Some(n) = w.n
         && n != 1
     {
@@ -165,7 +174,6 @@ pub fn parse(body: &[u8], endpoint: Endpoint, served: &str) -> Result<Request, A
         presence_penalty: w.presence_penalty,
         frequency_penalty: w.frequency_penalty,
         repetition_penalty: w.repetition_penalty,
-        ignore_eos: w.ignore_eos.unwrap_or(false),
     };
     Ok(Request {
         prompt,
@@ -478,6 +486,7 @@ mod tests {
         check(&format!(r#"{{{MSG},"stop":[1]}}"#), "stop");
         check(&format!(r#"{{{MSG},"stop":""}}"#), "stop");
         check(&format!(r#"{{{MSG},"n":2}}"#), "n");
+        check(&format!(r#"{{{MSG},"ignore_eos":true}}"#), "ignore_eos");
         check(&format!(r#"{{{MSG},"logprobs":true}}"#), "logprobs");
         check(
             &format!(r#"{{{MSG},"stream_options":{{"include_usage":true}}}}"#),

@@ -100,8 +100,6 @@ pub struct Params {
     pub frequency_penalty: Option<f32>,
     /// Repetition penalty (1 = off).
     pub repetition_penalty: Option<f32>,
-    /// Generate past end-of-sequence tokens (vLLM's `ignore_eos`).
-    pub ignore_eos: bool,
 }
 
 /// Why a generation ended, in OpenAI's terms (`stop` covers EOS and stop strings).
@@ -185,8 +183,6 @@ enum TokKind {
     Plain,
     /// Also the chat template's end-of-turn token.
     Chat,
-    /// No end-of-sequence id (`ignore_eos`).
-    NoEos,
 }
 
 /// A request ready to queue: its tokens and options.
@@ -240,12 +236,11 @@ impl Drop for StoppedOnDrop<'_> {
     }
 }
 
-/// The tokenizers of the three [`TokKind`]s.
+/// The tokenizers of the two [`TokKind`]s.
 #[derive(Debug, Clone)]
 struct Tokenizers {
     plain: Tokenizer,
     chat: Option<Tokenizer>,
-    no_eos: Tokenizer,
 }
 
 impl Tokenizers {
@@ -262,8 +257,6 @@ impl Tokenizers {
         Tokenizers {
             plain: tok.clone(),
             chat,
-            // Only decodes (prompts are tokenized with the other two).
-            no_eos: Tokenizer::from_tokenizer(tok.inner().clone(), Vec::new()),
         }
     }
 
@@ -271,7 +264,6 @@ impl Tokenizers {
         match k {
             TokKind::Plain => &self.plain,
             TokKind::Chat => self.chat.as_ref().unwrap_or(&self.plain),
-            TokKind::NoEos => &self.no_eos,
         }
     }
 }
@@ -408,15 +400,10 @@ impl Engine {
             ));
         }
         let options = self.options(params)?;
-        let tok = if params.ignore_eos {
-            TokKind::NoEos
-        } else {
-            kind
-        };
         Ok(Prepared {
             prompt: tokens,
             options,
-            tok,
+            tok: kind,
         })
     }
 
