@@ -56,6 +56,12 @@ const SUITES: &[Suite] = &[
         run: floor,
         cargo_only: false,
     },
+    Suite {
+        name: "serve",
+        about: "`mtp-runner serve` on a scripted multi-turn chat workload: requests/s and per-request tokens/s, speculation on/off x prefix reuse on/off (runner-cli example `serve-bench`)",
+        run: serve,
+        cargo_only: true,
+    },
 ];
 
 /// Where the all-suites run keeps its rows.
@@ -342,6 +348,20 @@ fn spec(args: &[String]) -> Result<Vec<Value>> {
 /// Device bandwidth, launch overhead and the decode floor ratio (example `bandwidth`).
 fn floor(args: &[String]) -> Result<Vec<Value>> {
     Ok(lines(&capture(BANDWIDTH, &with_default_model(args))?))
+}
+
+/// The multi-turn chat workload over HTTP (runner-cli example `serve-bench`),
+/// against the release `mtp-runner`.
+fn serve(args: &[String]) -> Result<Vec<Value>> {
+    let mut args = with_default_model(args);
+    if !args.iter().any(|a| a == "--bin") {
+        args.extend([
+            "--bin".to_owned(),
+            bins::path(MTP_RUNNER)?.display().to_string(),
+        ]);
+    }
+    let mut c = cmd::release_example("runner-cli", "serve-bench", &args);
+    Ok(lines(&cmd::output("bench serve", &mut c)?))
 }
 
 /// Runs an mlx-lm script with `args` under the same OpenBLAS as our binaries;

@@ -56,6 +56,9 @@ pub enum Command {
     /// Chat with a model over several turns (interactive, or --script FILE).
     #[command(allow_negative_numbers = true, after_help = CHAT_AFTER_HELP)]
     Chat(ChatArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    #[command(allow_negative_numbers = true, after_help = crate::serve::AFTER_HELP)]
+    Serve(crate::serve::ServeArgs),
 }
 
 /// Examples shown after `chat --help`.

@@ -104,7 +104,7 @@ proptest! {
     /// Parsing and the pre-load checks return `Ok` or an error, never panic.
     #[test]
     fn any_command_line_parses_or_fails_cleanly(
-        sub in prop::sample::select(&["generate", "chat", "info", "quantize"][..]),
+        sub in prop::sample::select(&["generate", "chat", "info", "quantize", "serve"][..]),
         with_model in any::<bool>(),
         rest in prop::collection::vec(arg(), 0..12),
     ) {
@@ -120,6 +120,10 @@ proptest! {
                     let _ = crate::validate::decode_args(&a.decode);
                 }
                 Command::Chat(a) => {
+                    let _ = crate::validate::decode_args(&a.decode);
+                    let _ = crate::validate::prefix_cache_bytes(a.prefix_cache_mib);
+                }
+                Command::Serve(a) => {
                     let _ = crate::validate::decode_args(&a.decode);
                     let _ = crate::validate::prefix_cache_bytes(a.prefix_cache_mib);
                 }

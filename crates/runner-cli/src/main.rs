@@ -12,6 +12,8 @@ mod output;
 mod quantize;
 mod report;
 mod signal;
+// `serve` (HTTP server): everything lives under serve/.
+mod serve;
 mod validate;
 
 use std::io::{IsTerminal, Read, Write};
@@ -73,6 +75,7 @@ fn run_cli() -> u8 {
         Command::Info(a) => info(a),
         Command::Quantize(a) => quantize::run(a),
         Command::Chat(a) => chat::run(a, cli.verbose),
+        Command::Serve(a) => serve::run(a),
     };
     match result {
         Ok(code) => code,

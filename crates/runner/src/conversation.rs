@@ -21,7 +21,7 @@ use crate::tokenizer::Tokenizer;
 
 /// End-of-turn tokens of common chat templates, used as extra
 /// end-of-sequence ids when the template and the vocabulary both have them.
-pub(crate) const END_OF_TURN: &[&str] = &["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>"];
+pub const END_OF_TURN: &[&str] = &["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>"];
 
 /// The figures of one turn.
 #[derive(Debug, Clone)]

@@ -102,7 +102,7 @@ mod stats;
 
 pub use chat::{Message, apply_chat_template};
 pub use config::{GenerationConfig, ModelConfig};
-pub use conversation::{Conversation, Turn};
+pub use conversation::{Conversation, END_OF_TURN, Turn};
 pub use depth::DepthPolicy;
 pub use drafter::{DraftMethod, NgramOptions, load_draft};
 pub use error::{Error, Result};

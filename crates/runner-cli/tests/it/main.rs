@@ -10,4 +10,5 @@ mod quantize;
 mod robust_cli;
 mod robust_io;
 mod robust_quantize;
+mod serve;
 mod spec_cli;

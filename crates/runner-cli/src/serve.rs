@@ -1,0 +1,185 @@
+//! `mtp-runner serve`: an OpenAI-compatible HTTP server (axum on tokio).
+//!
+//! One model and one engine thread ([`engine`], the only user of `runner`
+//! here) serve requests in arrival order from a bounded queue; the HTTP side
+//! ([`routes`], [`api`]) parses, validates and tokenizes on tokio's thread and
+//! talks to the engine over channels. The engine keeps one session and one
+//! prefix cache for all requests, so a chat that re-sends its history reuses
+//! the cached prefix (draft caches included).
+
+mod api;
+mod engine;
+mod error;
+mod metrics;
+mod routes;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use crate::args::DecodeArgs;
+
+/// Examples shown after `serve --help`.
+pub const AFTER_HELP: &str = "EXAMPLES:
+  mtp-runner serve --model models/tiny-mtp
+  mtp-runner serve --model models/tiny-mtp --port 0 --speculative off
+  curl -s localhost:8080/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'
+
+ENDPOINTS:
+  POST /v1/chat/completions, POST /v1/completions (stream: true for server-sent events),
+  GET /v1/models, GET /health, GET /metrics (Prometheus text)
+
+The decoding flags (--max-tokens, --temperature, --top-p, --stop, --speculative,
+--draft-tokens, ...) are the defaults of every request; a request's own fields
+override them. Requests run one at a time in arrival order; when --queue-size
+are waiting, more get 429. SIGINT or SIGTERM stops accepting, lets the requests
+in flight finish (for at most --shutdown-timeout seconds, or until a second
+signal, then cancels them) and exits 0. The first line on stderr names the
+address (`--port 0` picks a free port).";
+
+/// `serve` options.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub decode: DecodeArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// The model id of /v1/models and requests (default: the model folder's name).
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
+    /// Requests that may wait while one runs; more get 429.
+    #[arg(long, default_value_t = 64)]
+    pub queue_size: usize,
+    /// Largest request body in bytes; larger gets 413.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// Memory for cached prefixes shared by all requests, in MiB (0: reuse only the live session).
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    pub prefix_cache_mib: usize,
+    /// Start every request from empty caches (no prefix reuse across requests).
+    #[arg(long)]
+    pub no_prefix_reuse: bool,
+    /// Seconds that in-flight requests may run after SIGINT/SIGTERM before they are cancelled.
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub shutdown_timeout: u64,
+}
+
+/// Runs `serve` until SIGINT or SIGTERM.
+#[allow(clippy::print_stderr)]
+pub fn run(a: ServeArgs) -> Result<u8> {
+    let model_id = match &a.served_model_name {
+        Some(n) => n.clone(),
+        None => model_name(&a.decode.model),
+    };
+    let prefix_cache_bytes = crate::validate::prefix_cache_bytes(a.prefix_cache_mib)?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let config = engine::EngineConfig {
+        decode: a.decode,
+        model_id,
+        queue: a.queue_size,
+        prefix_cache_bytes,
+        prefix_reuse: !a.no_prefix_reuse,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    // Signals are caught from here on, also while the model loads.
+    let mut signals = rt.block_on(async { Signals::new() })?;
+    let (engine, thread) = engine::start(config, Arc::clone(&metrics))?;
+    let stopper = engine.stopper();
+    let state = routes::AppState {
+        engine,
+        metrics,
+        max_body: a.max_body_bytes,
+        ids: Arc::new(AtomicU64::new(1)),
+    };
+    let grace = Duration::from_secs(a.shutdown_timeout);
+    let served = rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
+            .await
+            .with_context(|| {
+                format!(
+                    "listening on {}:{} (pass another --port, or 0 for any free one)",
+                    a.host, a.port
+                )
+            })?;
+        let addr = listener.local_addr().context("reading the bound address")?;
+        let card = state.engine.card().clone();
+        eprintln!(
+            "mtp-runner serve: listening on http://{addr} (model {}, speculation {}, context {})",
+            card.id, card.speculation, card.context_length
+        );
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
+        let watcher = tokio::spawn(async move {
+            signals.next().await;
+            eprintln!(
+                "mtp-runner serve: stopping: finishing requests in flight (up to {}s; a second \
+                 signal cancels them)",
+                grace.as_secs()
+            );
+            stopper.drain();
+            let _ = first_tx.send(());
+            tokio::select! {
+                () = signals.next() => {}
+                () = tokio::time::sleep(grace) => {}
+            }
+            eprintln!("mtp-runner serve: cancelling the requests in flight");
+            stopper.abort_all();
+        });
+        let app = routes::router(state);
+        let result = axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = first_rx.await;
+            })
+            .await
+            .context("serving HTTP");
+        watcher.abort();
+        result
+    });
+    // The router (and with it every queue sender) is gone: the engine ends.
+    let _ = thread.join();
+    served?;
+    eprintln!("mtp-runner serve: stopped");
+    Ok(0)
+}
+
+/// The folder's last component, as the default model id.
+fn model_name(dir: &std::path::Path) -> String {
+    dir.canonicalize()
+        .ok()
+        .as_deref()
+        .unwrap_or(dir)
+        .file_name()
+        .map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned())
+}
+
+/// SIGINT and SIGTERM as one stream of "a signal came".
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+        })
+    }
+
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+        }
+    }
+}
