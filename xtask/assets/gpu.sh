@@ -94,7 +94,7 @@ bench() {
 }
 
 spec_scale() {
-  local t0=$SECONDS
+  local t0=$SECONDS rc=0
   setup
   nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
   env_for_run
@@ -104,8 +104,7 @@ spec_scale() {
   timeout --signal=TERM $((budget + 20)) "$DEST/bin/xtask" bench spec-scale \
     --out "$OUT/results-spec-scale.json" --no-report --rows "$OUT/spec-scale-rows.jsonl" \
     --budget-s "$budget" --stage-cap-s "${MTP_SCALE_STAGE_CAP_S:-200}" \
-    --work "${MTP_SCALE_WORK:-/tmp/mtp-scale}" ${MTP_SCALE_ARGS:-} 2>&1 | tee "$OUT/spec-scale.log"
-  local rc=${PIPESTATUS[0]}
+    --work "${MTP_SCALE_WORK:-/tmp/mtp-scale}" ${MTP_SCALE_ARGS:-} 2>&1 | tee "$OUT/spec-scale.log" || rc=${PIPESTATUS[0]}
   say "spec-scale: exit $rc; results in $OUT: results-spec-scale.json, spec-scale-rows.jsonl, spec-scale.log"
   return "$rc"
 }
