@@ -311,7 +311,14 @@ fn committed_files(root: &Path, dest: &Path) -> Result<()> {
 
 /// Adds `/.gpu/` to `.git/info/exclude` (not `.gitignore`) when missing.
 fn exclude_gpu_dir(root: &Path) -> Result<()> {
-    let path = root.join(".git/info/exclude");
+    // `--git-path` resolves to the common git dir in a linked worktree (whose `.git` is a file).
+    let rel = cmd::output(
+        "git rev-parse",
+        Command::new("git")
+            .current_dir(root)
+            .args(["rev-parse", "--git-path", "info/exclude"]),
+    )?;
+    let path = root.join(rel.trim());
     let text = std::fs::read_to_string(&path).unwrap_or_default();
     if !text.lines().any(|l| l.trim() == "/.gpu/") {
         std::fs::create_dir_all(path.parent().context("exclude path")?)?;

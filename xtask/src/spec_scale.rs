@@ -421,6 +421,10 @@ fn build(src: &Path, shape: &str, work: &Path, sink: &mut Sink<'_>) -> Result<Pa
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want) {
         return Ok(out);
     }
+    // Our own work folder: whatever an interrupted build left there goes.
+    if out.exists() {
+        std::fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
+    }
     let t = Instant::now();
     let shape_v = crate::upscale::widen::parse_shape(shape)?;
     let s = crate::upscale::widen::upscale(

@@ -230,6 +230,28 @@ mod tests {
         assert_eq!(at(&b[q], 0, 1), at(&a[q], 0, 1));
     }
 
+    #[test]
+    fn an_earlier_upscale_is_replaced_and_any_other_folder_refused() {
+        let (d, _) = upscaled(32);
+        let about = std::fs::read_to_string(d.out.join("UPSCALE.json")).unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(&about).unwrap()["complete"],
+            true
+        );
+        let shape =
+            widen::parse_shape("hidden=16,intermediate=16,layers=1,heads=4,kv_heads=2,vocab=10")
+                .unwrap();
+        widen::upscale(&d.src, &shape, &d.out, OutDtype::F32, 1 << 30).unwrap();
+        assert_eq!(read(&d.out)["model.norm.weight"].shape, [16]);
+        // The source folder is no upscale: refused, and left as it was.
+        let err = widen::upscale(&d.src, &shape, &d.src, OutDtype::F32, 1 << 30).unwrap_err();
+        assert!(
+            err.to_string().contains("is not an earlier upscale"),
+            "{err}"
+        );
+        assert!(d.src.join("model.safetensors").is_file());
+    }
+
     /// Two temporary folders (source and output) removed on drop; xtask has no tempfile.
     mod tempfile_dir {
         use std::path::PathBuf;

@@ -21,8 +21,8 @@ use std::path::PathBuf;
 use common::parity::{greedy, heldout_prompts, plain, speculative};
 use mlx_tensor::Array;
 use mtp_draft::DraftHead;
-use runner::depth::DepthPolicy;
 use runner::LoadedModel;
+use runner::depth::DepthPolicy;
 
 /// Largest accepted |upscale − source| of a real logit, f32. The widened
 /// matmuls sum the same products plus exact zeros, in other blocks, and the

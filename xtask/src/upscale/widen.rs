@@ -238,6 +238,11 @@ pub fn upscale(
     let plan = Plan::new(&old, shape, dtype, &config, &config_path)?;
     let outs = plan.tensors(&tensors)?;
     prepare_out(out)?;
+    // Marks the folder as an upscale from the start, so a run cut short can be replaced.
+    write_text(
+        &out.join("UPSCALE.json"),
+        &json!({"complete": false, "source": src.display().to_string()}),
+    )?;
 
     // Shards: tensors in name order, a new file when the next would pass `shard_bytes`.
     let mut shards: Vec<Vec<&Out>> = vec![Vec::new()];
@@ -308,6 +313,7 @@ pub fn upscale(
         "f32_norms": summary.f32_norms,
         "bias_channel": plan.bias_channel,
         "bias": BIAS, "pad_weight": PAD_WEIGHT, "fc_gain": FC_GAIN,
+        "complete": true,
     });
     write_text(&out.join("UPSCALE.json"), &about)?;
     Ok(summary)
