@@ -10,8 +10,14 @@
 #   bash .gpu/bundle/pN/gpu.sh exec CMD...  CMD with the run environment (after setup)
 #   bash .gpu/bundle/pN/gpu.sh check   xtask gpu-check        -> $OUT/gpu-check.json
 #   bash .gpu/bundle/pN/gpu.sh bench   xtask bench (all)      -> $OUT/results-gpu.json
+#   bash .gpu/bundle/pN/gpu.sh spec-scale   setup + xtask bench spec-scale (builds the 1.7b/8b/0.6b
+#                                      upscales in /tmp, runs the whole matrix within MTP_SCALE_BUDGET_S,
+#                                      default 560 s) -> $OUT/results-spec-scale.json, spec-scale-rows.jsonl
 # Environment: OUT (results folder; default .gpu/out), MTP_STAGE, MTP_DEST (default /tmp/mtp),
-# MTP_NV (the torch venv's site-packages/nvidia), MLX_PTX_CACHE_DIR (default /tmp/ptxcache).
+# MTP_NV (the torch venv's site-packages/nvidia), MLX_PTX_CACHE_DIR (default /tmp/ptxcache);
+# for spec-scale: MTP_SCALE_BUDGET_S (whole step, setup included), MTP_SCALE_STAGE_CAP_S (most
+# seconds one shape x dtype x engine may take, default 200), MTP_SCALE_WORK (default /tmp/mtp-scale),
+# MTP_SCALE_ARGS (more `bench spec-scale` flags, e.g. "--tokens 128").
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -88,6 +94,22 @@ bench() {
   "$DEST/bin/xtask" bench --out "$OUT/results-gpu.json" --no-report
 }
 
+spec_scale() {
+  local t0=$SECONDS rc=0
+  setup
+  nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
+  env_for_run
+  local budget=$((${MTP_SCALE_BUDGET_S:-560} - (SECONDS - t0)))
+  say "spec-scale: ${budget} s left for the matrix after setup"
+  # shellcheck disable=SC2086
+  timeout --signal=TERM $((budget + 20)) "$DEST/bin/xtask" bench spec-scale \
+    --out "$OUT/results-spec-scale.json" --no-report --rows "$OUT/spec-scale-rows.jsonl" \
+    --budget-s "$budget" --stage-cap-s "${MTP_SCALE_STAGE_CAP_S:-200}" \
+    --work "${MTP_SCALE_WORK:-/tmp/mtp-scale}" ${MTP_SCALE_ARGS:-} 2>&1 | tee "$OUT/spec-scale.log" || rc=${PIPESTATUS[0]}
+  say "spec-scale: exit $rc; results in $OUT: results-spec-scale.json, spec-scale-rows.jsonl, spec-scale.log"
+  return "$rc"
+}
+
 run() {
   setup
   nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
@@ -100,7 +122,8 @@ run() {
 
 case "${1:-}" in
   stage | setup | check | bench | run) "$1" ;;
+  spec-scale) spec_scale ;;
   # exec CMD...: CMD with the run environment (after setup), for probes of one's own.
   exec) shift; env_for_run; "$@" ;;
-  *) echo "usage: bash $0 stage|run|setup|check|bench|exec CMD..." >&2; exit 2 ;;
+  *) echo "usage: bash $0 stage|run|setup|check|bench|spec-scale|exec CMD..." >&2; exit 2 ;;
 esac

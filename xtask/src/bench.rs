@@ -7,7 +7,8 @@
 //!   rows into `docs/bench/results.json` (or FILE), replacing this machine's
 //!   earlier rows, and redraws docs/bench/README.md and its plots.
 //! * `bench --merge FILE...` merges rows measured elsewhere (the H200's
-//!   `results-gpu.json`) and redraws; `bench report` only redraws.
+//!   `results-gpu.json`, or spec-scale's `.jsonl` rows) and redraws; `bench report [FILE]`
+//!   only redraws (the README and plots beside FILE, default docs/bench/results.json).
 //!
 //! `--bin-dir DIR` / `--mlx-cuda-dir SP` (see [`crate::bins`]) run prebuilt binaries.
 //! To add a suite, write a `fn(&[String]) -> Result<Vec<Value>>` and add a row to [`SUITES`].
@@ -28,6 +29,8 @@ struct Suite {
     run: fn(&[String]) -> Result<Vec<Value>>,
     /// Needs cargo (not in the GPU bundle).
     cargo_only: bool,
+    /// Left out of the all-suites run unless `--suites` names it (it takes long).
+    opt_in: bool,
 }
 
 /// The suites `cargo xtask bench` knows, in the order `bench list` shows them.
@@ -37,30 +40,42 @@ const SUITES: &[Suite] = &[
         about: "x[m,2048] @ w[2048,2048] for m = 1, 4, 8 in f32 and bf16 (mlx-tensor example `gemm`)",
         run: gemm,
         cargo_only: true,
+        opt_in: false,
     },
     Suite {
         name: "decode",
         about: "plain greedy decode tokens/s on models/tiny-mtp: ours and mlx-lm's in one run, with the ratio",
         run: decode,
         cargo_only: false,
+        opt_in: false,
     },
     Suite {
         name: "spec",
         about: "plain vs speculative decoding (MTP per depth, draft model, n-gram; q8/q4 rows) on models/tiny-mtp, and mlx-lm draft-model speculation in the same run",
         run: spec,
         cargo_only: false,
+        opt_in: false,
     },
     Suite {
         name: "floor",
         about: "memory bandwidth, launch overhead, and the decode step time against its floor (weight bytes / bandwidth + ops x per-op cost)",
         run: floor,
         cargo_only: false,
+        opt_in: false,
+    },
+    Suite {
+        name: "spec-scale",
+        about: "plain vs MTP per depth and TTFT on function-preserving upscales of tiny-mtp (CPU: tiny, 24l; GPU: tiny, 1.7b, 8b), ours and mlx-lm, bf16 and f32; stamps and merges its rows itself (opt-in)",
+        run: crate::spec_scale::suite,
+        cargo_only: false,
+        opt_in: true,
     },
     Suite {
         name: "serve",
         about: "`mtp-runner serve` on a scripted multi-turn chat workload: requests/s and per-request tokens/s, speculation on/off x prefix reuse on/off (runner-cli example `serve-bench`)",
         run: serve,
         cargo_only: true,
+        opt_in: false,
     },
 ];
 
@@ -75,8 +90,14 @@ pub fn run(args: &[String]) -> Result<()> {
             list();
             Ok(())
         }
-        Some("report") => crate::report::render(&cmd::root().join(RESULTS)),
+        Some("report") => crate::report::render(
+            &args
+                .get(1)
+                .map_or_else(|| cmd::root().join(RESULTS), PathBuf::from),
+        ),
         Some("--merge") => merge_files(&args[1..]),
+        // Runs long and stamps, merges and redraws by itself (rows arrive incrementally).
+        Some("spec-scale") => crate::spec_scale::main(&args[1..]),
         None | Some("all") => all(args.get(1..).unwrap_or_default()),
         Some(a) if a.starts_with("--") => all(&args),
         Some(name) => match SUITES.iter().find(|s| s.name == name) {
@@ -114,10 +135,8 @@ fn all(args: &[String]) -> Result<()> {
     let stamp = machine::stamp();
     let (mut rows, mut failed) = (Vec::new(), Vec::new());
     for s in SUITES {
-        if only
-            .as_ref()
-            .is_some_and(|o| !o.split(',').any(|n| n == s.name))
-        {
+        let named = only.as_ref().map(|o| o.split(',').any(|n| n == s.name));
+        if named == Some(false) || (s.opt_in && named.is_none()) {
             continue;
         }
         if s.cargo_only && bins::bin_dir().is_some() {
@@ -196,6 +215,18 @@ pub fn read_rows(path: &Path) -> Result<Vec<Value>> {
     }
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    // JSON lines (spec-scale's incremental `--rows` file): one stamped row a line.
+    if path.extension().is_some_and(|e| e == "jsonl") {
+        return text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .enumerate()
+            .map(|(i, l)| {
+                serde_json::from_str(l)
+                    .with_context(|| format!("{} line {}: not a JSON row", path.display(), i + 1))
+            })
+            .collect();
+    }
     let v: Value =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     v["rows"]
@@ -204,7 +235,8 @@ pub fn read_rows(path: &Path) -> Result<Vec<Value>> {
         .with_context(|| format!("{} has no `rows` array", path.display()))
 }
 
-fn write_rows(path: &Path, rows: &[Value]) -> Result<()> {
+/// Writes `rows` as a results file.
+pub fn write_rows(path: &Path, rows: &[Value]) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }

@@ -50,8 +50,15 @@ pub const BANDWIDTH: Bin = Bin {
     name: "bandwidth",
 };
 
+/// One model, one dtype: plain and MTP per depth, greedy parity, TTFT (`bench spec-scale`).
+pub const SCALE_BENCH: Bin = Bin {
+    package: "runner",
+    example: true,
+    name: "scale-bench",
+};
+
 /// Every binary the GPU bundle carries (xtask itself aside).
-pub const ALL: &[Bin] = &[MTP_RUNNER, SPEC_BENCH, DECODE_BENCH, BANDWIDTH];
+pub const ALL: &[Bin] = &[MTP_RUNNER, SPEC_BENCH, DECODE_BENCH, BANDWIDTH, SCALE_BENCH];
 
 static BIN_DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
 static CUDA_DIR: OnceLock<Option<PathBuf>> = OnceLock::new();

@@ -67,6 +67,7 @@ const ROOT_FILES: &[&str] = &[
     "xtask/assets/gpu-reference.json",
     "crates/runner/examples/mlx_lm_decode.py",
     "crates/runner/examples/mlx_lm_spec.py",
+    "crates/runner/examples/mlx_lm_scale.py",
 ];
 
 /// The device tool's limit on what one call carries, working tree included.
@@ -244,6 +245,21 @@ fn report(root: &Path, rel: &Path, dirs: &[PathBuf], total: u64, commit: &str) -
         "results come back in $OUT: gpu-check.json, results-gpu.json, gpu-check.log, bench.log, nvidia-smi.txt\n\
          then here: cargo xtask bench --merge <files_at>/results-gpu.json  (adds the GPU rows, redraws docs/bench)"
     );
+    if let Some(last) = dirs.last() {
+        let p = last
+            .strip_prefix(root)
+            .unwrap_or(last)
+            .display()
+            .to_string();
+        println!(
+            "\nthe spec-scale matrix (tiny, 1.7b, 8b upscales built on the device; ours and mlx-lm, bf16 and f32) \
+             in one call instead of the last one above (the same earlier calls first):\n  \
+             {n}. run(kind=\"nvidia-h200\", carry=[\"{p}\"], timeout_s=600, command=\"bash {p}/gpu.sh stage && bash {p}/gpu.sh spec-scale\")\n\
+             results in $OUT: results-spec-scale.json, spec-scale-rows.jsonl (every row as it came), spec-scale.log, nvidia-smi.txt\n\
+             then here: cargo xtask bench --merge <files_at>/results-spec-scale.json  \
+             (if the call was cut short: cargo xtask bench --merge <files_at>/spec-scale-rows.jsonl)"
+        );
+    }
     Ok(())
 }
 
@@ -296,7 +312,14 @@ fn committed_files(root: &Path, dest: &Path) -> Result<()> {
 
 /// Adds `/.gpu/` to `.git/info/exclude` (not `.gitignore`) when missing.
 fn exclude_gpu_dir(root: &Path) -> Result<()> {
-    let path = root.join(".git/info/exclude");
+    // `--git-path` resolves to the common git dir in a linked worktree (whose `.git` is a file).
+    let rel = cmd::output(
+        "git rev-parse",
+        Command::new("git")
+            .current_dir(root)
+            .args(["rev-parse", "--git-path", "info/exclude"]),
+    )?;
+    let path = root.join(rel.trim());
     let text = std::fs::read_to_string(&path).unwrap_or_default();
     if !text.lines().any(|l| l.trim() == "/.gpu/") {
         std::fs::create_dir_all(path.parent().context("exclude path")?)?;

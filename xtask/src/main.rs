@@ -16,8 +16,10 @@ mod python;
 mod report;
 mod setup;
 mod soak;
+mod spec_scale;
 mod split;
 mod tidy;
+mod upscale;
 
 use std::process::ExitCode;
 
@@ -38,6 +40,7 @@ commands:
   soak [...]         chat turns with MTP until 20,000 tokens; memory JSON summary
   setup [--python]   install missing system prerequisites (OpenBLAS); --python also makes
                      the reference-tools venv
+  upscale [...]      widen a trained model to a benchmark shape, same outputs (--shape 24l|1.7b|8b|0.6b)
   train-tiny [...]   python3 xtask/train/train.py [...]
   ref-check [...]    python3 xtask/train/ref_check.py [...]
   ref-formats [...]  python3 xtask/train/ref_formats.py [...]: rewrite the checkpoint-format fixtures
@@ -73,6 +76,7 @@ fn run() -> Result<()> {
         "gpu-bundle" => gpu_bundle::run(rest),
         "setup" => setup::run(rest),
         "soak" => soak::run(rest),
+        "upscale" => upscale::run(rest),
         "train-tiny" => python::run_script("train.py", rest),
         "ref-check" => python::run_script("ref_check.py", rest),
         "ref-formats" => python::run_script("ref_formats.py", rest),

@@ -7,6 +7,8 @@
 //! the command that reruns it. Text is drawn with a bundled font
 //! (xtask/assets/DejaVuSans.ttf through `ab_glyph`), so no system fonts are needed.
 
+mod scale;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -280,6 +282,7 @@ fn section(md: &mut String, g: &Group<'_>, dir: &Path) -> Result<()> {
             );
         }
     }
+    scale::section(md, g, dir, &slug)?;
     Ok(())
 }
 

@@ -2,6 +2,10 @@
 //! crate's tests build and link once (`cargo test -p runner --test it [filter]`).
 
 mod common;
+// The upscale widening code is xtask's own file (tests/it/upscale.rs).
+#[path = "../../../../xtask/src/upscale/widen.rs"]
+#[allow(dead_code)]
+mod widen;
 #[path = "../fixtures/hybrid/writer.rs"]
 mod writer;
 
@@ -35,3 +39,4 @@ mod spec_sampling;
 mod spec_syncs;
 mod streaming;
 mod strict_loading;
+mod upscale;

@@ -1,0 +1,304 @@
+//! The `spec-scale` benchmark's side of ours: one model loaded once in one
+//! dtype, then plain and MTP decoding per depth over several prompts, the
+//! greedy speculative output checked against plain, and time to first token.
+//!
+//! `cargo run --release -p runner --example scale-bench -- --model DIR --prompts FILE
+//! [--shape NAME] [--dtype f32|bf16] [--depths auto,4,3,2,1] [--tokens N]
+//! [--ttft-tokens 1000,600] [--deadline-s S]`
+//!
+//! `--prompts` is a JSON array of strings; each prompt is id 0 (`<|endoftext|>`,
+//! where training documents start) then the text's tokens, the ids
+//! `mlx_lm_scale.py` uses too. One JSON line per result, `"bench":"spec-scale"`:
+//! * `kind: "load"`: `load_s`, `weight_bytes` (MLX active memory the weights hold).
+//! * `kind: "decode"`, per (method, depth): `tokens_per_s` = tokens after each
+//!   run's first ÷ total decode time, over all prompts; `step_ms` (decode time per
+//!   token); `mean_accepted_length`, `acceptance_rate`, `per_position_acceptance`,
+//!   `depth_histogram` summed over the prompts; `greedy_equal_plain` (every
+//!   prompt's tokens equal plain's) and `first_divergence` (`[prompt, token]`);
+//!   `ttft_ms` (mean over the prompts). Plain is `method: "off"`, `depth: 0`.
+//! * `kind: "ttft"`: a fresh plain request of `prompt_tokens` (1,000 first, then
+//!   another length) in this same process: `ttft_ms`, `request` (1, 2, ...).
+//! * `kind: "skipped"`: a case not started because `--deadline-s` (seconds
+//!   since start) would have passed before it ended, judged by the last case.
+//!
+//! Each case runs a 16-token warm-up first (kernels build and JIT there).
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use mlx_tensor::Dtype;
+use runner::{
+    DepthPolicy, GenerateOptions, Generation, LoadOptions, LoadedModel, SamplingOptions, Session,
+    SpecStats,
+};
+use serde_json::{Value, json};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn emit(line: &Value) -> Res<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    out.write_all(format!("{line}\n").as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+fn parse_depth(s: &str) -> Res<DepthPolicy> {
+    Ok(match s.trim() {
+        "auto" => DepthPolicy::default(),
+        n => DepthPolicy::Fixed(
+            n.parse()
+                .map_err(|_| format!("--depths: `{n}` is not `auto` or a number"))?,
+        ),
+    })
+}
+
+fn depth_json(d: DepthPolicy) -> Value {
+    match d {
+        DepthPolicy::Fixed(n) => json!(n),
+        DepthPolicy::Auto { .. } => json!("auto"),
+    }
+}
+
+fn greedy(max_tokens: usize, depth: DepthPolicy) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        sampling: SamplingOptions::greedy(),
+        depth,
+        ..GenerateOptions::default()
+    }
+}
+
+/// One generation of `method` in a fresh session.
+fn generate(m: &LoadedModel, method: &str, ids: &[u32], opts: &GenerateOptions) -> Res<Generation> {
+    let target = m.model.as_ref();
+    let mut s = match method {
+        "off" => Session::new(target),
+        "mtp" => Session::with_mtp(target)?,
+        other => return Err(format!("scale-bench runs off and mtp, not `{other}`").into()),
+    };
+    Ok(s.generate(&m.tokenizer, ids, opts, &AtomicBool::new(false), |_| {})?)
+}
+
+/// Sums of one case over the prompts.
+struct Case {
+    decode: Duration,
+    prefill: Duration,
+    timed_tokens: usize,
+    generated: usize,
+    spec: SpecStats,
+    outputs: Vec<Vec<u32>>,
+}
+
+impl Default for Case {
+    fn default() -> Case {
+        Case {
+            decode: Duration::ZERO,
+            prefill: Duration::ZERO,
+            timed_tokens: 0,
+            generated: 0,
+            // The method is not reported from here; the sums are.
+            spec: SpecStats::new(runner::DraftMethod::Mtp),
+            outputs: Vec::new(),
+        }
+    }
+}
+
+impl Case {
+    fn add(&mut self, g: Generation) {
+        self.decode += g.stats.decode_time;
+        self.prefill += g.stats.prefill_time;
+        self.timed_tokens += g.stats.generated_tokens.saturating_sub(1);
+        self.generated += g.stats.generated_tokens;
+        if let Some(s) = g.speculation {
+            let t = &mut self.spec;
+            t.rounds += s.rounds;
+            t.drafted += s.drafted;
+            t.accepted += s.accepted;
+            t.emitted += s.emitted;
+            t.depth_over_time.extend(s.depth_over_time);
+            for (sum, part) in [
+                (&mut t.drafted_at, &s.drafted_at),
+                (&mut t.accepted_at, &s.accepted_at),
+            ] {
+                if sum.len() < part.len() {
+                    sum.resize(part.len(), 0);
+                }
+                for (a, b) in sum.iter_mut().zip(part) {
+                    *a += b;
+                }
+            }
+        }
+        self.outputs.push(g.token_ids);
+    }
+}
+
+/// The first `[prompt, token]` where `got` parts from `want`.
+fn divergence(want: &[Vec<u32>], got: &[Vec<u32>]) -> Option<(usize, usize)> {
+    want.iter().zip(got).enumerate().find_map(|(p, (a, b))| {
+        let i = a.iter().zip(b).position(|(x, y)| x != y);
+        match i {
+            Some(i) => Some((p, i)),
+            None if a.len() != b.len() => Some((p, a.len().min(b.len()))),
+            None => None,
+        }
+    })
+}
+
+// A benchmark binary: notes go to stderr, results to stdout.
+#[allow(clippy::print_stderr)]
+fn main() -> Res<()> {
+    let start = Instant::now();
+    let mut args = std::env::args().skip(1);
+    let (mut model, mut prompts_file, mut shape) = (None, None, String::from("?"));
+    let (mut dtype_name, mut tokens, mut deadline) = (String::from("f32"), 256usize, None);
+    let mut depths = "auto,4,3,2,1".to_owned();
+    let mut ttft = "1000,600".to_owned();
+    while let Some(a) = args.next() {
+        let mut val = || args.next().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--model" => model = Some(PathBuf::from(val()?)),
+            "--prompts" => prompts_file = Some(PathBuf::from(val()?)),
+            "--shape" => shape = val()?,
+            "--dtype" => dtype_name = val()?,
+            "--depths" => depths = val()?,
+            "--tokens" => tokens = val()?.parse()?,
+            "--ttft-tokens" => ttft = val()?,
+            "--deadline-s" => deadline = Some(Duration::from_secs_f64(val()?.parse()?)),
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    let model = model.ok_or("--model DIR is required")?;
+    let prompts_file =
+        prompts_file.ok_or("--prompts FILE (a JSON array of strings) is required")?;
+    let dtype = match dtype_name.as_str() {
+        "f32" => Dtype::Float32,
+        "bf16" => Dtype::Bfloat16,
+        other => return Err(format!("--dtype {other}: f32 or bf16").into()),
+    };
+    let texts: Vec<String> = serde_json::from_str(&std::fs::read_to_string(&prompts_file)?)
+        .map_err(|e| {
+            format!(
+                "{}: not a JSON array of strings: {e}",
+                prompts_file.display()
+            )
+        })?;
+    if texts.is_empty() {
+        return Err(format!("{}: no prompts", prompts_file.display()).into());
+    }
+    let depths: Vec<DepthPolicy> = depths.split(',').map(parse_depth).collect::<Res<_>>()?;
+    let ttft: Vec<usize> = ttft
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse::<usize>())
+        .collect::<Result<_, _>>()?;
+    let base =
+        json!({"bench": "spec-scale", "engine": "mtp-runner", "shape": shape, "dtype": dtype_name});
+    let row = |extra: Value| {
+        let mut r = base.clone();
+        if let (Value::Object(r), Value::Object(e)) = (&mut r, extra) {
+            r.extend(e);
+        }
+        r
+    };
+
+    let before = mlx_tensor::memory::active();
+    let t0 = Instant::now();
+    let opts = LoadOptions {
+        dtype,
+        ..LoadOptions::default()
+    };
+    let m = runner::load(&model, opts, |_, _| {})?;
+    let weight_bytes = mlx_tensor::memory::active().saturating_sub(before);
+    emit(&row(
+        json!({"kind": "load", "load_s": t0.elapsed().as_secs_f64(),
+                     "weight_bytes": weight_bytes, "model": model.display().to_string()}),
+    ))?;
+    let prompts: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| {
+            let mut ids = vec![0];
+            ids.extend(m.tokenizer.encode(t, false)?);
+            Ok(ids)
+        })
+        .collect::<Res<_>>()?;
+
+    let mut cases: Vec<(&str, DepthPolicy)> = vec![("off", DepthPolicy::Fixed(0))];
+    if m.model.mtp_head().is_some() {
+        cases.extend(depths.iter().map(|&d| ("mtp", d)));
+    } else {
+        eprintln!(
+            "scale-bench: {} has no MTP head: plain only",
+            model.display()
+        );
+    }
+    let mut plain: Option<Vec<Vec<u32>>> = None;
+    let mut last_case: Option<Duration> = None;
+    for (i, (method, depth)) in cases.into_iter().enumerate() {
+        let d = depth_json(depth);
+        // The first MTP case may take several plain cases' time (slow rounds).
+        let guess = last_case.map(|t| if i == 1 { t * 3 } else { t });
+        if let (Some(limit), Some(g)) = (deadline, guess)
+            && start.elapsed() + g > limit
+        {
+            emit(&row(
+                json!({"kind": "skipped", "method": method, "depth": d,
+                             "reason": format!("--deadline-s {}: the last case took {:.1} s", limit.as_secs_f64(), g.as_secs_f64())}),
+            ))?;
+            continue;
+        }
+        let case_start = Instant::now();
+        generate(&m, method, &prompts[0], &greedy(16, depth))?;
+        let mut c = Case::default();
+        for ids in &prompts {
+            c.add(generate(&m, method, ids, &greedy(tokens, depth))?);
+        }
+        last_case = Some(case_start.elapsed());
+        let decode_s = c.decode.as_secs_f64();
+        let (equal, first) = match &plain {
+            Some(p) => {
+                let f = divergence(p, &c.outputs);
+                (Some(f.is_none()), f)
+            }
+            None => (None, None),
+        };
+        let s = &c.spec;
+        let speculative = method != "off";
+        emit(&row(json!({
+            "kind": "decode", "method": method, "depth": d,
+            "tokens_per_s": if decode_s > 0.0 { c.timed_tokens as f64 / decode_s } else { 0.0 },
+            "step_ms": if c.timed_tokens > 0 { decode_s * 1e3 / c.timed_tokens as f64 } else { 0.0 },
+            "mean_accepted_length": if speculative && s.rounds > 0 { s.mean_accepted_length() } else { 1.0 },
+            "acceptance_rate": s.acceptance_rate(),
+            "per_position_acceptance": s.per_position_acceptance(),
+            "depth_histogram": if speculative { json!(s.depth_histogram()) } else { Value::Null },
+            "rounds": s.rounds,
+            "greedy_equal_plain": if speculative { json!(equal) } else { json!(true) },
+            "first_divergence": first.map(|(p, t)| json!([p, t])),
+            "ttft_ms": c.prefill.as_secs_f64() * 1e3 / prompts.len() as f64,
+            "generated_tokens": c.generated, "prompts": prompts.len(), "tokens": tokens,
+            "weight_bytes": weight_bytes,
+        })))?;
+        if method == "off" {
+            plain = Some(c.outputs);
+            // Time to first token: fresh plain requests of other prompt lengths.
+            let long: Vec<u32> = prompts
+                .iter()
+                .flatten()
+                .copied()
+                .cycle()
+                .take(ttft.iter().copied().max().unwrap_or(0))
+                .collect();
+            for (r, &n) in ttft.iter().enumerate() {
+                let n = n.min(m.model.context_length().saturating_sub(8));
+                let g = generate(&m, "off", &long[..n], &greedy(2, DepthPolicy::Fixed(0)))?;
+                emit(&row(
+                    json!({"kind": "ttft", "method": "off", "depth": 0, "request": r + 1,
+                                 "prompt_tokens": n, "ttft_ms": g.stats.prefill_time.as_secs_f64() * 1e3}),
+                ))?;
+            }
+        }
+    }
+    // Skip static destructors: OpenBLAS's exit-time shutdown can hang (see `exit_now`).
+    mlx_tensor::exit_now(0)
+}

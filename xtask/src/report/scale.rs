@@ -1,0 +1,350 @@
+//! The `spec-scale` part of a machine's report section: tables per shape, tokens/s against depth per shape, and the plain step against its floor.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Result;
+use plotters::prelude::*;
+use serde_json::Value;
+
+use super::{COLORS, Group, canvas, depth_x, f, legend, line, pe};
+
+/// Shapes in size order; unknown ones after.
+fn shape_rank(s: &str) -> usize {
+    ["tiny", "24l", "1.7b", "8b"]
+        .iter()
+        .position(|x| *x == s)
+        .unwrap_or(9)
+}
+
+fn s<'a>(r: &'a Value, k: &str) -> &'a str {
+    r[k].as_str().unwrap_or("?")
+}
+
+fn depth_text(d: &Value) -> String {
+    d.as_str().map_or_else(|| d.to_string(), str::to_owned)
+}
+
+/// The plain row of the same shape, dtype and engine.
+fn plain_of<'a>(rows: &[&'a Value], r: &Value) -> Option<&'a Value> {
+    rows.iter().copied().find(|p| {
+        p["method"] == "off"
+            && p["shape"] == r["shape"]
+            && p["dtype"] == r["dtype"]
+            && p["engine"] == r["engine"]
+    })
+}
+
+/// Appends the spec-scale tables and plots of `g` (nothing when it has no such rows).
+pub fn section(md: &mut String, g: &Group<'_>, dir: &Path, slug: &str) -> Result<()> {
+    let all: Vec<&Value> = g.suite("spec-scale").collect();
+    let mut decode: Vec<&Value> = all
+        .iter()
+        .copied()
+        .filter(|r| r["kind"] == "decode")
+        .collect();
+    if decode.is_empty() {
+        return Ok(());
+    }
+    decode.sort_by_key(|r| {
+        (
+            shape_rank(s(r, "shape")),
+            s(r, "shape").to_owned(),
+            s(r, "dtype").to_owned(),
+        )
+    });
+    let tokens = decode[0]["tokens"].as_u64().unwrap_or(0);
+    let prompts = decode[0]["prompts"].as_u64().unwrap_or(0);
+    let _ = writeln!(
+        md,
+        "\n### Speculation at scale (`spec-scale`)\n\n\
+         Function-preserving upscales of tiny-mtp (`cargo xtask upscale`: the same outputs at a bigger \
+         shape, so a step moves a real model's bytes while drafts are accepted as tiny-mtp's are), built in \
+         the run; {prompts} held-out code prompts × {tokens} tokens, greedy; tokens/s = tokens after each \
+         run's first ÷ total decode time. `greedy = plain` is enforced in f32 for ours and reported in bf16. \
+         mlx-lm's draft model is tiny-draft (upscaled to the 0.6b shape for the 151,936-row vocabularies).\n\n\
+         | shape | dtype | engine | method | depth | tokens/s | × plain | mean accepted | acceptance | greedy = plain | TTFT ms |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
+    for r in &decode {
+        let speedup = match (
+            r["tokens_per_s"].as_f64(),
+            plain_of(&decode, r).and_then(|p| p["tokens_per_s"].as_f64()),
+        ) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+            _ => "–".into(),
+        };
+        let equal = match &r["greedy_equal_plain"] {
+            Value::Bool(true) => "yes".to_owned(),
+            Value::Bool(false) => format!("**no** (at {})", r["first_divergence"]),
+            _ => "–".to_owned(),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {speedup} | {} | {} | {equal} | {} |",
+            s(r, "shape"),
+            s(r, "dtype"),
+            s(r, "engine"),
+            s(r, "method"),
+            depth_text(&r["depth"]),
+            f(&r["tokens_per_s"], 1),
+            f(&r["mean_accepted_length"], 2),
+            f(&r["acceptance_rate"], 2),
+            f(&r["ttft_ms"], 1),
+        );
+    }
+    let ttft: Vec<&Value> = all
+        .iter()
+        .copied()
+        .filter(|r| r["kind"] == "ttft")
+        .collect();
+    if !ttft.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nTime to first token: fresh plain requests in the process that ran the table above, a \
+             1,000-token prompt and then another length (a second length that costs far more per token \
+             than the first means the prefill rebuilt something for the new shape).\n\n\
+             | shape | dtype | engine | request | prompt tokens | TTFT ms | ms per prompt token |\n\
+             | --- | --- | --- | --- | --- | --- | --- |"
+        );
+        for r in &ttft {
+            let per = match (r["ttft_ms"].as_f64(), r["prompt_tokens"].as_f64()) {
+                (Some(t), Some(n)) if n > 0.0 => format!("{:.3}", t / n),
+                _ => "–".into(),
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {per} |",
+                s(r, "shape"),
+                s(r, "dtype"),
+                s(r, "engine"),
+                r["request"],
+                r["prompt_tokens"],
+                f(&r["ttft_ms"], 1)
+            );
+        }
+    }
+    let notes: Vec<String> = all
+        .iter()
+        .filter(|r| r["kind"] == "skipped" || r["kind"] == "error")
+        .map(|r| {
+            format!(
+                "- {} {} {} {} {}: {} ({})",
+                s(r, "kind"),
+                s(r, "shape"),
+                r["dtype"].as_str().unwrap_or(""),
+                r["engine"].as_str().unwrap_or(""),
+                r["method"]
+                    .as_str()
+                    .map(|m| format!("{m} {}", depth_text(&r["depth"])))
+                    .unwrap_or_default(),
+                r["reason"]
+                    .as_str()
+                    .or_else(|| r["error"].as_str())
+                    .unwrap_or(""),
+                s(r, "kind"),
+            )
+        })
+        .collect();
+    if !notes.is_empty() {
+        let _ = writeln!(md, "\nNot measured in this run:\n\n{}", notes.join("\n"));
+    }
+    let mut shapes: Vec<&str> = decode.iter().map(|r| s(r, "shape")).collect();
+    shapes.dedup();
+    for shape in shapes {
+        let rows: Vec<&Value> = decode
+            .iter()
+            .copied()
+            .filter(|r| s(r, "shape") == shape)
+            .collect();
+        let png = format!("spec-scale-{slug}-{}.png", shape.replace('.', "_"));
+        plot_depth(&rows, shape, &dir.join(&png), g)?;
+        let _ = writeln!(
+            md,
+            "\n![spec-scale {shape}: tokens/s against depth, {}]({png})",
+            g.title()
+        );
+    }
+    floor(md, g, &all, &decode, dir, slug)
+}
+
+/// tokens/s against depth for one shape: a line per (engine, dtype, method), plain flat.
+fn plot_depth(rows: &[&Value], shape: &str, path: &Path, g: &Group<'_>) -> Result<()> {
+    let ymax = rows
+        .iter()
+        .filter_map(|r| r["tokens_per_s"].as_f64())
+        .fold(1.0f64, f64::max)
+        * 1.15;
+    let area = canvas(
+        path,
+        &format!("spec-scale {shape}: tokens/s against draft depth"),
+        g,
+    )?;
+    let mut chart = ChartBuilder::on(&area)
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0.5f64..5.5f64, 0f64..ymax)
+        .map_err(pe)?;
+    chart
+        .configure_mesh()
+        .x_desc("draft tokens per round (depth)")
+        .y_desc("decode tokens/s")
+        .x_labels(5)
+        .x_label_formatter(&|x| match x.round() as i64 {
+            5 => "auto".into(),
+            n => n.to_string(),
+        })
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(pe)?;
+    let mut series: Vec<(String, String, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                s(r, "engine").to_owned(),
+                s(r, "dtype").to_owned(),
+                s(r, "method").to_owned(),
+            )
+        })
+        .collect();
+    series.sort();
+    series.dedup();
+    for (i, (engine, dtype, method)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let mut pts: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| {
+                s(r, "engine") == engine && s(r, "dtype") == dtype && s(r, "method") == method
+            })
+            .filter_map(|r| Some((depth_x(&r["depth"])?, r["tokens_per_s"].as_f64()?)))
+            .collect();
+        if method == "off" {
+            let y = pts.first().map_or(0.0, |p| p.1);
+            pts = vec![(0.5, y), (5.5, y)];
+        }
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let label = format!(
+            "{engine} {dtype} {}",
+            if method == "off" { "plain" } else { method }
+        );
+        line(&mut chart, &pts, color, &label)?;
+    }
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+    area.present().map_err(pe)?;
+    Ok(())
+}
+
+/// The plain step against weight bytes ÷ the best measured read bandwidth.
+fn floor(
+    md: &mut String,
+    g: &Group<'_>,
+    all: &[&Value],
+    decode: &[&Value],
+    dir: &Path,
+    slug: &str,
+) -> Result<()> {
+    let gbs = all
+        .iter()
+        .filter(|r| r["kind"] == "bandwidth" && (r["op"] == "sum" || r["op"] == "gemv"))
+        .filter_map(|r| r["gb_per_s"].as_f64())
+        .fold(0.0f64, f64::max);
+    if gbs <= 0.0 {
+        return Ok(());
+    }
+    // (label, floor ms, step ms)
+    let mut pts: Vec<(String, f64, f64)> = Vec::new();
+    let _ = writeln!(
+        md,
+        "\nPlain decode step against the physical floor: weight bytes (MLX active memory of the loaded \
+         weights; ours includes the MTP head) ÷ the best measured read bandwidth ({gbs:.1} GB/s).\n\n\
+         | shape | dtype | engine | weight bytes | floor ms | step ms | step ÷ floor |\n\
+         | --- | --- | --- | --- | --- | --- | --- |"
+    );
+    for r in decode.iter().filter(|r| r["method"] == "off") {
+        let wb = r["weight_bytes"].as_f64().or_else(|| {
+            all.iter()
+                .find(|l| {
+                    l["kind"] == "load"
+                        && l["shape"] == r["shape"]
+                        && l["dtype"] == r["dtype"]
+                        && l["engine"] == r["engine"]
+                })
+                .and_then(|l| l["weight_bytes"].as_f64())
+        });
+        let (Some(wb), Some(step)) = (wb, r["step_ms"].as_f64()) else {
+            continue;
+        };
+        let fl = wb / (gbs * 1e9) * 1e3;
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.1} MB | {fl:.3} | {step:.3} | **{:.2}** |",
+            s(r, "shape"),
+            s(r, "dtype"),
+            s(r, "engine"),
+            wb / 1e6,
+            step / fl
+        );
+        pts.push((
+            format!("{} {} {}", s(r, "shape"), s(r, "dtype"), s(r, "engine")),
+            fl,
+            step,
+        ));
+    }
+    if pts.is_empty() {
+        return Ok(());
+    }
+    let png = format!("spec-scale-floor-{slug}.png");
+    let path = dir.join(&png);
+    let lo = pts
+        .iter()
+        .map(|p| p.1.min(p.2))
+        .fold(f64::INFINITY, f64::min)
+        / 2.0;
+    let hi = pts.iter().map(|p| p.1.max(p.2)).fold(0.0f64, f64::max) * 2.0;
+    let area = canvas(&path, "plain step against its floor", g)?;
+    let mut chart = ChartBuilder::on(&area)
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d((lo..hi).log_scale(), (lo..hi).log_scale())
+        .map_err(pe)?;
+    chart
+        .configure_mesh()
+        .x_desc("floor ms (weight bytes ÷ bandwidth)")
+        .y_desc("measured plain step ms")
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(pe)?;
+    chart
+        .draw_series(LineSeries::new(
+            vec![(lo, lo), (hi, hi)],
+            BLACK.mix(0.5).stroke_width(1),
+        ))
+        .map_err(pe)?
+        .label("step = floor")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.5)));
+    for (i, (label, x, y)) in pts.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        chart
+            .draw_series(std::iter::once(Circle::new((*x, *y), 6, color.filled())))
+            .map_err(pe)?
+            .label(label.clone())
+            .legend(move |(x, y)| Circle::new((x + 10, y), 5, color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .label_font(("sans-serif", 13))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(pe)?;
+    area.present().map_err(pe)?;
+    let _ = writeln!(
+        md,
+        "\n![spec-scale plain step against its floor, {}]({png})",
+        g.title()
+    );
+    Ok(())
+}

@@ -1,0 +1,587 @@
+//! `cargo xtask bench spec-scale`: plain vs MTP speculation at real model sizes, on function-preserving upscales of tiny-mtp, ours and mlx-lm on the same weights.
+//!
+//! `bench spec-scale [--shapes tiny,24l] [--dtypes bf16,f32] [--tokens 256] [--prompts 3]
+//! [--budget-s S] [--stage-cap-s S] [--work DIR] [--rows FILE] [--engines ours,mlx-lm]
+//! [--out FILE] [--no-report]`
+//!
+//! * Shapes: `tiny` is models/tiny-mtp itself; `24l`, `1.7b` and `8b` are
+//!   built by [`crate::upscale`] into `--work` (default `target/bench/spec-scale`)
+//!   right before their first stage. Defaults: `tiny,24l` on a CPU,
+//!   `tiny,1.7b,8b` on a GPU. mlx-lm's draft model is models/tiny-draft for
+//!   `tiny` and `24l` (same vocabulary) and tiny-draft upscaled to `0.6b` for
+//!   the two 151,936-row shapes.
+//! * Stages, in this order: every shape in bf16 (ours, then mlx-lm), then every
+//!   shape in f32. Ours is the runner example `scale-bench` (plain, MTP at auto
+//!   and depths 4..1, TTFT at 1,000 and 600 prompt tokens), mlx-lm is
+//!   `mlx_lm_scale.py` (plain, draft-model at 2, 3, 4); each loads its model
+//!   once. On a CPU the non-tiny shapes run f32 only (MLX's CPU bf16 matmuls
+//!   are many times slower than f32, and no CPU user runs them); at `8b` f32
+//!   runs half the tokens (31 GB of weights, twice bf16's step time).
+//! * Time guards: with `--budget-s`, a stage that has under 20 s left is
+//!   skipped, each child gets the time left (at most `--stage-cap-s`) as its
+//!   own `--deadline-s` (it skips the cases that would pass it) and is killed
+//!   5 s after. Every row is stamped and appended to `--rows FILE` (JSON
+//!   lines) as it arrives, so a killed run keeps what it measured.
+//! * Greedy speculative output must equal plain output per shape in f32 (ours;
+//!   an error otherwise); in bf16 it is reported (`greedy_equal_plain`).
+//! * The rows (suite `spec-scale`) are merged into docs/bench/results.json (or
+//!   `--out`), replacing this machine's earlier spec-scale rows, and the report
+//!   is redrawn unless `--no-report`.
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::bins::{self, BANDWIDTH, SCALE_BENCH};
+use crate::{bench, cmd, machine};
+
+/// The benchmark prompts: held-out code (4 of crates/runner/tests/fixtures/heldout_prompts.json).
+const PROMPTS: &str = include_str!("../assets/spec-scale-prompts.json");
+const MLX_LM_SCRIPT: &str = "crates/runner/examples/mlx_lm_scale.py";
+const TINY: &str = "models/tiny-mtp";
+const TINY_DRAFT: &str = "models/tiny-draft";
+/// A stage with less than this left is skipped rather than started.
+const MIN_STAGE: Duration = Duration::from_secs(20);
+/// How long past its own deadline a child may run before it is killed.
+const GRACE: Duration = Duration::from_secs(5);
+
+/// Options of one run.
+#[derive(Debug)]
+struct Opts {
+    shapes: Vec<String>,
+    dtypes: Option<Vec<String>>,
+    tokens: usize,
+    prompts: usize,
+    budget: Option<Duration>,
+    stage_cap: Option<Duration>,
+    work: PathBuf,
+    rows: Option<PathBuf>,
+    engines: Vec<String>,
+    out: PathBuf,
+    report: bool,
+}
+
+fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
+    let list = |s: &str| {
+        s.split(',')
+            .map(|x| x.trim().to_owned())
+            .filter(|x| !x.is_empty())
+            .collect()
+    };
+    let secs = |s: &str, what: &str| -> Result<Duration> {
+        Ok(Duration::from_secs_f64(
+            s.parse().with_context(|| format!("{what}: seconds"))?,
+        ))
+    };
+    let mut o = Opts {
+        shapes: list(if on_gpu { "tiny,1.7b,8b" } else { "tiny,24l" }),
+        dtypes: None,
+        tokens: 256,
+        prompts: 3,
+        budget: None,
+        stage_cap: None,
+        work: std::env::var_os("MTP_SCALE_WORK").map_or_else(
+            || cmd::root().join("target/bench/spec-scale"),
+            PathBuf::from,
+        ),
+        rows: None,
+        engines: list("ours,mlx-lm"),
+        out: cmd::root().join(bench::RESULTS),
+        report: true,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().with_context(|| format!("`{a}` needs a value"));
+        match a.as_str() {
+            "--shapes" => o.shapes = list(val()?),
+            "--dtypes" => o.dtypes = Some(list(val()?)),
+            "--tokens" => o.tokens = val()?.parse().context("--tokens: a whole number")?,
+            "--prompts" => o.prompts = val()?.parse().context("--prompts: a whole number")?,
+            "--budget-s" => o.budget = Some(secs(val()?, "--budget-s")?),
+            "--stage-cap-s" => o.stage_cap = Some(secs(val()?, "--stage-cap-s")?),
+            "--work" => o.work = PathBuf::from(val()?),
+            "--rows" => o.rows = Some(PathBuf::from(val()?)),
+            "--engines" => o.engines = list(val()?),
+            "--out" => o.out = PathBuf::from(val()?),
+            "--no-report" => o.report = false,
+            other => bail!(
+                "unknown spec-scale option `{other}` (known: --shapes, --dtypes, --tokens, --prompts, \
+                 --budget-s, --stage-cap-s, --work, --rows, --engines, --out, --no-report)"
+            ),
+        }
+    }
+    for s in &o.shapes {
+        if s != "tiny" && !crate::upscale::widen::NAMED.iter().any(|(n, _)| n == s) {
+            bail!("spec-scale: unknown shape `{s}` (tiny, 24l, 1.7b, 8b)");
+        }
+    }
+    for d in o.dtypes.iter().flatten() {
+        if d != "bf16" && d != "f32" {
+            bail!("spec-scale: --dtypes takes bf16 and f32, not `{d}`");
+        }
+    }
+    let all: Vec<Value> =
+        serde_json::from_str(PROMPTS).context("the bundled spec-scale prompts")?;
+    if o.prompts == 0 || o.prompts > all.len() {
+        bail!("spec-scale: --prompts takes 1 to {}", all.len());
+    }
+    Ok(o)
+}
+
+/// `bench spec-scale`: runs, merges into the results file and redraws.
+pub fn main(args: &[String]) -> Result<()> {
+    let device = crate::gpu_check::device_info()?;
+    let on_gpu = device["device"] == "gpu";
+    let o = parse(args, on_gpu)?;
+    let rows = run_with(&o, &device)?;
+    let failures: Vec<String> = rows
+        .iter()
+        .filter(|r| r["enforced"] == true && r["greedy_equal_plain"] == false)
+        .map(|r| {
+            format!(
+                "{} {} mtp depth {} differs from plain at {}",
+                r["shape"], r["dtype"], r["depth"], r["first_divergence"]
+            )
+        })
+        .collect();
+    let merged = bench::merge_rows(bench::read_rows(&o.out)?, rows);
+    bench::write_rows(&o.out, &merged)?;
+    eprintln!(
+        "xtask: spec-scale: {} rows in {}",
+        merged.len(),
+        o.out.display()
+    );
+    if o.report {
+        crate::report::render(&o.out)?;
+    }
+    if !failures.is_empty() {
+        bail!(
+            "greedy speculative output differs from plain in f32: {}",
+            failures.join("; ")
+        );
+    }
+    Ok(())
+}
+
+/// The suite entry for `bench all --suites spec-scale` (default options).
+pub fn suite(args: &[String]) -> Result<Vec<Value>> {
+    let device = crate::gpu_check::device_info()?;
+    let o = parse(args, device["device"] == "gpu")?;
+    run_with(&o, &device)
+}
+
+/// One child's work: a shape, a dtype, an engine.
+struct Stage {
+    shape: String,
+    dtype: &'static str,
+    engine: &'static str,
+}
+
+fn stages(o: &Opts, on_gpu: bool) -> Vec<Stage> {
+    let mut v = Vec::new();
+    for dtype in ["bf16", "f32"] {
+        for shape in &o.shapes {
+            let wanted = match &o.dtypes {
+                Some(d) => d.iter().any(|x| x == dtype),
+                // A CPU runs the big shapes in f32 only.
+                None => on_gpu || shape == "tiny" || dtype == "f32",
+            };
+            if !wanted {
+                continue;
+            }
+            for engine in ["ours", "mlx-lm"] {
+                if o.engines.iter().any(|e| e == engine) {
+                    v.push(Stage {
+                        shape: shape.clone(),
+                        dtype,
+                        engine,
+                    });
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Appends stamped rows to the `--rows` file as they come.
+struct Sink<'a> {
+    file: Option<std::fs::File>,
+    stamp: Value,
+    device: &'a Value,
+    rows: Vec<Value>,
+}
+
+impl Sink<'_> {
+    fn push(&mut self, row: Value) -> Result<()> {
+        let r = bench::stamped(row, "spec-scale", &self.stamp, self.device);
+        println!("{r}");
+        if let Some(f) = &mut self.file {
+            writeln!(f, "{r}")?;
+            f.flush()?;
+        }
+        self.rows.push(r);
+        Ok(())
+    }
+}
+
+fn run_with(o: &Opts, device: &Value) -> Result<Vec<Value>> {
+    let start = Instant::now();
+    let on_gpu = device["device"] == "gpu";
+    std::fs::create_dir_all(&o.work).with_context(|| format!("creating {}", o.work.display()))?;
+    let prompts_file = o.work.join("prompts.json");
+    let all: Vec<Value> = serde_json::from_str(PROMPTS)?;
+    std::fs::write(&prompts_file, serde_json::to_string(&all[..o.prompts])?)?;
+    let file = match &o.rows {
+        Some(p) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("opening {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let mut sink = Sink {
+        file,
+        stamp: machine::stamp(),
+        device,
+        rows: Vec::new(),
+    };
+    let left = |now: Instant| {
+        o.budget
+            .map(|b| b.saturating_sub(now.duration_since(start)))
+    };
+
+    // The measured read bandwidth, for the floor: weight bytes ÷ bandwidth.
+    match cmd::output("bandwidth", &mut bins::command(BANDWIDTH, &[])?) {
+        Ok(text) => {
+            for mut r in text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            {
+                if r["kind"] == "bandwidth" || r["kind"] == "overhead" {
+                    r["bench"] = "spec-scale".into();
+                    sink.push(r)?;
+                }
+            }
+        }
+        Err(e) => eprintln!("xtask: spec-scale: bandwidth probe failed: {e:#}"),
+    }
+
+    let python = if o.engines.iter().any(|e| e == "mlx-lm") {
+        let p = crate::python::mlx_lm_interpreter();
+        if p.is_none() {
+            eprintln!(
+                "xtask: spec-scale: mlx-lm not found (MTP_PYTHON, or `cargo xtask setup --python`): ours only"
+            );
+        }
+        p
+    } else {
+        None
+    };
+    for st in stages(o, on_gpu) {
+        if st.engine == "mlx-lm" && python.is_none() {
+            continue;
+        }
+        let remaining = left(Instant::now());
+        if remaining.is_some_and(|r| r < MIN_STAGE) {
+            sink.push(json!({"bench": "spec-scale", "kind": "skipped", "shape": st.shape, "dtype": st.dtype,
+                             "engine": engine_name(st.engine), "reason": "the --budget-s left under 20 s for this stage"}))?;
+            continue;
+        }
+        let (model, draft) = match models(o, &st.shape, st.engine == "mlx-lm", &mut sink) {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("xtask: spec-scale: building {}: {e:#}", st.shape);
+                sink.push(
+                    json!({"bench": "spec-scale", "kind": "error", "shape": st.shape,
+                                 "error": format!("building the shape: {e:#}")}),
+                )?;
+                continue;
+            }
+        };
+        let tokens = if st.shape == "8b" && st.dtype == "f32" {
+            o.tokens / 2
+        } else {
+            o.tokens
+        };
+        let limit = match (left(Instant::now()), o.stage_cap) {
+            (Some(r), Some(c)) => Some(r.min(c)),
+            (r, c) => r.or(c),
+        };
+        let mut args: Vec<String> = vec![
+            "--model".into(),
+            model.display().to_string(),
+            "--prompts".into(),
+            prompts_file.display().to_string(),
+            "--shape".into(),
+            st.shape.clone(),
+            "--dtype".into(),
+            st.dtype.into(),
+            "--tokens".into(),
+            tokens.to_string(),
+        ];
+        if let Some(l) = limit {
+            args.extend(["--deadline-s".into(), format!("{:.0}", l.as_secs_f64())]);
+        }
+        let mut c = if st.engine == "ours" {
+            bins::command(SCALE_BENCH, &args)?
+        } else {
+            let mut c = Command::new(python.as_ref().expect("checked above"));
+            c.current_dir(cmd::root())
+                .arg(cmd::root().join(MLX_LM_SCRIPT))
+                .args(&args);
+            if let Some(d) = &draft {
+                c.arg("--draft-model").arg(d);
+            }
+            bins::child_env(&mut c);
+            if let Some(blas) = crate::setup::openblas_path() {
+                c.env("LD_PRELOAD", blas);
+            }
+            c
+        };
+        eprintln!(
+            "xtask: spec-scale: {} {} {} ({tokens} tokens x {} prompts{})",
+            st.shape,
+            st.dtype,
+            st.engine,
+            o.prompts,
+            limit
+                .map(|l| format!(", {:.0} s left", l.as_secs_f64()))
+                .unwrap_or_default()
+        );
+        let enforced = st.engine == "ours" && st.dtype == "f32";
+        let outcome = stream(&mut c, limit, GRACE, |mut r| {
+            if r["kind"] == "decode" {
+                r["enforced"] = json!(enforced && r["method"] != "off");
+            }
+            sink.push(r)
+        });
+        if let Err(e) = outcome {
+            eprintln!(
+                "xtask: spec-scale: {} {} {}: {e:#}",
+                st.shape, st.dtype, st.engine
+            );
+            sink.push(
+                json!({"bench": "spec-scale", "kind": "error", "shape": st.shape, "dtype": st.dtype,
+                             "engine": engine_name(st.engine), "error": format!("{e:#}")}),
+            )?;
+        }
+    }
+    eprintln!(
+        "xtask: spec-scale: done in {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(sink.rows)
+}
+
+fn engine_name(e: &str) -> &'static str {
+    if e == "ours" { "mtp-runner" } else { "mlx-lm" }
+}
+
+/// The model folder of `shape` (built on first use) and, for mlx-lm, its draft model.
+fn models(
+    o: &Opts,
+    shape: &str,
+    draft: bool,
+    sink: &mut Sink<'_>,
+) -> Result<(PathBuf, Option<PathBuf>)> {
+    let root = cmd::root();
+    if shape == "tiny" {
+        return Ok((root.join(TINY), draft.then(|| root.join(TINY_DRAFT))));
+    }
+    let model = build(&root.join(TINY), shape, &o.work, sink)?;
+    let draft = match (draft, shape) {
+        (false, _) => None,
+        // Same 8,192-row vocabulary: the bundled draft as it is.
+        (true, "24l") => Some(root.join(TINY_DRAFT)),
+        (true, _) => Some(build(&root.join(TINY_DRAFT), "0.6b", &o.work, sink)?),
+    };
+    Ok((model, draft))
+}
+
+/// `src` upscaled to `shape` under `work`, reused when an earlier run of this
+/// commit's upscale left it there.
+fn build(src: &Path, shape: &str, work: &Path, sink: &mut Sink<'_>) -> Result<PathBuf> {
+    let name = src.file_name().and_then(|s| s.to_str()).unwrap_or("model");
+    let out = work.join(format!("{name}-{shape}"));
+    let stamp = out.join("BUILT");
+    let want = format!(
+        "{} {}",
+        machine::commit(),
+        std::fs::metadata(src.join("model.safetensors"))
+            .map(|m| m.len())
+            .unwrap_or(0)
+    );
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want) {
+        return Ok(out);
+    }
+    // Our own work folder: whatever an interrupted build left there goes.
+    if out.exists() {
+        std::fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
+    }
+    let t = Instant::now();
+    let shape_v = crate::upscale::widen::parse_shape(shape)?;
+    let s = crate::upscale::widen::upscale(
+        src,
+        &shape_v,
+        &out,
+        crate::upscale::widen::OutDtype::Bf16,
+        4 << 30,
+    )
+    .with_context(|| format!("upscaling {} to {shape}", src.display()))?;
+    std::fs::write(&stamp, &want)?;
+    sink.push(
+        json!({"bench": "spec-scale", "kind": "build", "shape": shape, "source": name,
+                     "params": s.params, "bytes": s.bytes, "seconds": t.elapsed().as_secs_f64(),
+                     "exact_qk": s.exact_qk, "f32_norms": s.f32_norms}),
+    )?;
+    Ok(out)
+}
+
+/// Runs `c`, passing each JSON line of its stdout to `each` as it arrives; kills
+/// it `limit` + `grace` after the start. Stderr is inherited (the log).
+fn stream(
+    c: &mut Command,
+    limit: Option<Duration>,
+    grace: Duration,
+    mut each: impl FnMut(Value) -> Result<()>,
+) -> Result<()> {
+    c.stdout(Stdio::piped());
+    let mut child = c
+        .spawn()
+        .with_context(|| format!("starting {:?}", c.get_program()))?;
+    let out = child.stdout.take().context("child stdout")?;
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(out)
+            .lines()
+            .map_while(std::result::Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let start = Instant::now();
+    let hard = limit.map(|l| l + grace);
+    let mut killed = false;
+    loop {
+        let wait = match hard {
+            Some(h) => match h.checked_sub(start.elapsed()) {
+                Some(w) => w,
+                None => {
+                    let _ = child.kill();
+                    killed = true;
+                    break;
+                }
+            },
+            None => Duration::from_secs(3600),
+        };
+        match rx.recv_timeout(wait) {
+            Ok(line) => {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    each(v)?;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    // Lines already read before the kill still count.
+    for line in rx.try_iter() {
+        if let Ok(v) = serde_json::from_str::<Value>(&line) {
+            each(v)?;
+        }
+    }
+    let status = child.wait()?;
+    if killed {
+        // The reader may wait on a grandchild that still holds the pipe: leave it.
+        bail!(
+            "killed after {:.0} s (the time guard)",
+            start.elapsed().as_secs_f64()
+        );
+    }
+    let _ = reader.join();
+    if !status.success() {
+        bail!("exited with {status}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stages_run_bf16_first_and_keep_cpus_to_f32_on_big_shapes() {
+        let o = parse(&[], false).unwrap();
+        let got: Vec<String> = stages(&o, false)
+            .iter()
+            .map(|s| format!("{}/{}/{}", s.shape, s.dtype, s.engine))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "tiny/bf16/ours",
+                "tiny/bf16/mlx-lm",
+                "tiny/f32/ours",
+                "tiny/f32/mlx-lm",
+                "24l/f32/ours",
+                "24l/f32/mlx-lm"
+            ]
+        );
+        let o = parse(
+            &[
+                "--shapes".into(),
+                "1.7b,8b".into(),
+                "--engines".into(),
+                "ours".into(),
+            ],
+            true,
+        )
+        .unwrap();
+        let got: Vec<String> = stages(&o, true)
+            .iter()
+            .map(|s| format!("{}/{}", s.shape, s.dtype))
+            .collect();
+        assert_eq!(got, ["1.7b/bf16", "8b/bf16", "1.7b/f32", "8b/f32"]);
+    }
+
+    #[test]
+    fn bad_options_name_the_option() {
+        let err = |a: &[&str]| {
+            let a: Vec<String> = a.iter().map(|s| (*s).to_owned()).collect();
+            parse(&a, false).unwrap_err().to_string()
+        };
+        assert!(err(&["--shapes", "9b"]).contains("unknown shape `9b`"));
+        assert!(err(&["--dtypes", "f16"]).contains("not `f16`"));
+        assert!(err(&["--prompts", "0"]).contains("--prompts takes 1 to 4"));
+        assert!(err(&["--frobnicate"]).contains("unknown spec-scale option"));
+    }
+
+    #[test]
+    fn a_child_past_its_limit_is_killed_and_its_earlier_lines_kept() {
+        let mut c = Command::new("sh");
+        c.args(["-c", "echo '{\"a\":1}'; sleep 30; echo '{\"a\":2}'"]);
+        let mut got = Vec::new();
+        let t = Instant::now();
+        let r = stream(
+            &mut c,
+            Some(Duration::from_millis(200)),
+            Duration::ZERO,
+            |v| {
+                got.push(v);
+                Ok(())
+            },
+        );
+        assert!(r.unwrap_err().to_string().contains("time guard"));
+        assert_eq!(got, [json!({"a": 1})]);
+        assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    }
+}
