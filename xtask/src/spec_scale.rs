@@ -229,6 +229,7 @@ impl Sink<'_> {
     }
 }
 
+// Long: the spec-scale stages in order, each behind its time guard.
 fn run_with(o: &Opts, device: &Value) -> Result<Vec<Value>> {
     let start = Instant::now();
     let on_gpu = device["device"] == "gpu";

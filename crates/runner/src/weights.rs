@@ -267,6 +267,7 @@ impl Weights {
         Self::read(dir, dtype, true, |_, _| {})
     }
 
+    // Long: the shard reader's checks in the order a header is read.
     fn read(
         dir: &Path,
         dtype: Dtype,

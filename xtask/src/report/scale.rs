@@ -36,6 +36,7 @@ fn plain_of<'a>(rows: &[&'a Value], r: &Value) -> Option<&'a Value> {
 }
 
 /// Appends the spec-scale tables and plots of `g` (nothing when it has no such rows).
+// Long: one report section: its tables in order.
 pub fn section(md: &mut String, g: &Group<'_>, dir: &Path, slug: &str) -> Result<()> {
     let all: Vec<&Value> = g.suite("spec-scale").collect();
     let mut decode: Vec<&Value> = all
@@ -236,6 +237,7 @@ fn plot_depth(rows: &[&Value], shape: &str, path: &Path, g: &Group<'_>) -> Resul
 }
 
 /// The plain step against weight bytes ÷ the best measured read bandwidth.
+// Long: the floor plot: axes, series and labels in order.
 fn floor(
     md: &mut String,
     g: &Group<'_>,

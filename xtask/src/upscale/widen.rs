@@ -223,6 +223,7 @@ pub struct Summary {
 /// Upscales the checkpoint in `src` to `shape` into `out`, big weights in
 /// `dtype`, in safetensors shards of at most `shard_bytes`. `out` must not
 /// exist, or be empty, or hold an earlier upscale (which is replaced).
+// Long: every tensor family of the checkpoint, widened in order.
 pub fn upscale(
     src: &Path,
     shape: &Shape,
@@ -852,6 +853,7 @@ impl Plan {
     }
 
     /// Every output tensor, checked against the source's names and shapes.
+    // Long: one arm per tensor name of the layout.
     fn tensors(&self, src: &BTreeMap<String, Src>) -> io::Result<Vec<Out>> {
         let has = |n: &str| src.contains_key(n);
         let (o, n) = (&self.old, &self.new);

@@ -80,6 +80,7 @@ pub struct Request {
 }
 
 /// Parses and checks a request body for `endpoint` on a server of model `served`.
+// Long: one branch per request field of the OpenAI API.
 pub fn parse(body: &[u8], endpoint: Endpoint, served: &str) -> Result<Request, ApiError> {
     // serde would read a struct from an array too (fields by position).
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {

@@ -181,6 +181,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
+    // Long: one block per Prometheus metric family.
     pub fn render(&self) -> String {
         let s = self.state();
         let mut out = String::new();

@@ -40,6 +40,7 @@ pub(super) enum Stretch {
 /// Decodes plainly from `current` (emitted, not forwarded). Without a tap
 /// it runs to the end, stepping after each read when not pipelined; with one
 /// (always pipelined) it hands over when the controller picks a depth.
+// Long: the pipelined loop's one body: depth choice, dispatch ahead, read, tap, emit, hand-over.
 pub(super) fn run<F: FnMut(&str)>(
     target: &mut Target<'_>,
     d: &mut Decode<'_, F>,
