@@ -2,6 +2,7 @@
 //!
 //! The figures are process-wide, so the tests of this binary take one lock.
 
+use crate::common;
 use std::sync::Mutex;
 
 use mlx_tensor::{Array, Dtype, live_pins, memory, ops};
@@ -23,6 +24,14 @@ fn big() -> Array {
 
 #[test]
 fn hundred_thousand_arrays_leave_no_trace() {
+    // MLX's memory figures are per process.
+    common::own_process(
+        "memory::hundred_thousand_arrays_leave_no_trace",
+        hundred_thousand_arrays_leave_no_trace_alone,
+    );
+}
+
+fn hundred_thousand_arrays_leave_no_trace_alone() {
     let _g = lock();
     let one = ops::ones(&[4], Dtype::Float32).unwrap();
     one.eval().unwrap();
@@ -51,6 +60,11 @@ fn hundred_thousand_arrays_leave_no_trace() {
 
 #[test]
 fn peak_cache_and_limits() {
+    // MLX's memory figures are per process.
+    common::own_process("memory::peak_cache_and_limits", peak_cache_and_limits_alone);
+}
+
+fn peak_cache_and_limits_alone() {
     let _g = lock();
     let before = memory::active();
     memory::reset_peak();
@@ -90,6 +104,14 @@ fn peak_cache_and_limits() {
 /// is gone; evaluating it releases them. This is why a pin is just a handle.
 #[test]
 fn lazy_graph_keeps_inputs_until_evaluated() {
+    // MLX's memory figures are per process.
+    common::own_process(
+        "memory::lazy_graph_keeps_inputs_until_evaluated",
+        lazy_graph_keeps_inputs_until_evaluated_alone,
+    );
+}
+
+fn lazy_graph_keeps_inputs_until_evaluated_alone() {
     let _g = lock();
     memory::clear_cache();
     let before = memory::active();
@@ -113,6 +135,14 @@ fn lazy_graph_keeps_inputs_until_evaluated() {
 
 #[test]
 fn pins_hold_arrays_and_release_on_drop() {
+    // MLX's memory figures are per process.
+    common::own_process(
+        "memory::pins_hold_arrays_and_release_on_drop",
+        pins_hold_arrays_and_release_on_drop_alone,
+    );
+}
+
+fn pins_hold_arrays_and_release_on_drop_alone() {
     let _g = lock();
     let before = memory::active();
     assert_eq!(live_pins(), 0);

@@ -5,6 +5,7 @@ mod common;
 #[path = "../fixtures/hybrid/writer.rs"]
 mod writer;
 
+mod attention_paths;
 mod bad_input;
 mod cancel;
 mod drafters;

@@ -15,6 +15,7 @@
 #[path = "../../examples/soak.rs"]
 mod example;
 
+use crate::common;
 use runner::LoadOptions;
 use runner::testing::{Arch, Fixture, write_checkpoint};
 
@@ -26,6 +27,14 @@ const RSS_TOLERANCE: i64 = 4 << 20;
 
 #[test]
 fn memory_is_flat_after_warm_up_and_no_pins_leak() {
+    // MLX's memory figures are per process.
+    common::own_process(
+        "soak::memory_is_flat_after_warm_up_and_no_pins_leak",
+        memory_is_flat_after_warm_up_and_no_pins_leak_alone,
+    );
+}
+
+fn memory_is_flat_after_warm_up_and_no_pins_leak_alone() {
     let o = example::SoakOptions {
         tokens: 1_500,
         turn_tokens: 48,
