@@ -267,7 +267,7 @@ impl Weights {
         Self::read(dir, dtype, true, |_, _| {})
     }
 
-    // Long: the shard reader's checks in the order a header is read.
+    // Long: headers, duplicates, layout and per-file loading are one pass over the files.
     fn read(
         dir: &Path,
         dtype: Dtype,

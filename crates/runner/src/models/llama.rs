@@ -80,7 +80,7 @@ pub fn build_qwen3(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<
 
 /// Refuses the config keys that change this family's computation and are
 /// not implemented; returns each layer's attention window (`None`: full).
-// Long: one check per config key the family refuses, in one list.
+// Long: one refusal per unimplemented config key, then the window rule of each member.
 fn check_config(c: &ModelConfig, v: Variant) -> Result<Vec<Option<usize>>> {
     let raw = &c.raw;
     if c.partial_rotary_factor != 1.0 {

@@ -81,7 +81,7 @@ pub struct Qwen35 {
 
 impl Qwen35 {
     /// Takes the family's tensors out of `w`, checking every shape against `c`.
-    // Long: the hybrid's tensors in checkpoint order, one take per tensor.
+    // Long: reads like the checkpoint: config refusals, trunk, head, MTP, in tensor order.
     pub fn load(c: &ModelConfig, w: &mut Weights, layout: LinearLayout) -> Result<Qwen35> {
         let hybrid: &HybridConfig = c.hybrid.as_ref().ok_or_else(|| Error::InvalidConfig {
             path: "config.json".into(),

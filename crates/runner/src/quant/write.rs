@@ -8,6 +8,7 @@ use mlx_tensor::{Array, Dtype};
 use serde_json::Value;
 
 use super::{QuantConfig, QuantParams, QuantizedTensor};
+use crate::config::ModelConfig;
 use crate::error::{Error, Result, read_json};
 use crate::files::Presence;
 use crate::out_dir::StagedDir;
@@ -93,8 +94,13 @@ pub struct QuantizeReport {
 }
 
 /// True for the matrices of an MTP head, in any of the layouts [`crate::mtp`] knows.
+///
+/// The prefixes are those of `MtpLayout::prefix`, written out because
+/// `quant` sits below `mtp` in the module graph (`mtp` → `weights` → `quant`).
 pub(crate) fn is_mtp_module(path: &str, num_hidden_layers: usize) -> bool {
-    crate::mtp::MtpLayout::owns(path, num_hidden_layers)
+    path.starts_with("mtp.")
+        || path.starts_with("model.mtp_layers.")
+        || path.starts_with(&format!("model.layers.{num_hidden_layers}."))
 }
 
 /// Quantizes every linear and embedding matrix of the model in `src` into a
@@ -123,7 +129,7 @@ pub fn quantize_folder_cancellable(
     opts.validate()?;
     crate::files::check_model_folder(src)?;
     let config_path = src.join("config.json");
-    let (_, config) = crate::model::resolve(src)?;
+    let config = ModelConfig::load(src)?;
     let mut raw: Value = read_json(&config_path)?;
     if QuantConfig::from_config(&raw, &config_path)?.is_some() {
         return Err(Error::InvalidOption {
