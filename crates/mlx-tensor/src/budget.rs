@@ -72,6 +72,11 @@ thread_local! {
 /// Charges `bytes` to this thread's account; parks the thread for good when
 /// that would pass the limit (the allocation is then never made).
 fn charge(bytes: usize) {
+    // A load first: a store on every allocation would bounce the cache line
+    // between the threads that allocate.
+    if !INSTALLED.load(Ordering::Relaxed) {
+        INSTALLED.store(true, Ordering::Relaxed);
+    }
     let Ok(Some(account)) = ACCOUNT.try_with(Cell::get) else {
         return;
     };
@@ -99,14 +104,12 @@ fn refund(bytes: usize) {
 // touches only atomics and a const thread-local, never allocating itself.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        INSTALLED.store(true, Ordering::Relaxed);
         charge(layout.size());
         // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract for `layout`.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        INSTALLED.store(true, Ordering::Relaxed);
         charge(layout.size());
         // SAFETY: as for `alloc`.
         unsafe { System.alloc_zeroed(layout) }
