@@ -7,6 +7,7 @@
 #   bash .gpu/bundle/pN/gpu.sh stage   copy this part's chunk into $MTP_STAGE (default /tmp/stage), checked
 #   bash .gpu/bundle/pN/gpu.sh run     setup + check + bench (all chunks must be staged)
 #   bash .gpu/bundle/pN/gpu.sh setup   join and unpack: binaries, libs, MLX CUDA + mlx + mlx-lm into $MTP_SP
+#   bash .gpu/bundle/pN/gpu.sh exec CMD...  CMD with the run environment (after setup)
 #   bash .gpu/bundle/pN/gpu.sh check   xtask gpu-check        -> $OUT/gpu-check.json
 #   bash .gpu/bundle/pN/gpu.sh bench   xtask bench (all)      -> $OUT/results-gpu.json
 # Environment: OUT (results folder; default .gpu/out), MTP_STAGE, MTP_DEST (default /tmp/mtp),
@@ -99,5 +100,7 @@ run() {
 
 case "${1:-}" in
   stage | setup | check | bench | run) "$1" ;;
-  *) echo "usage: bash $0 stage|run|setup|check|bench" >&2; exit 2 ;;
+  # exec CMD...: CMD with the run environment (after setup), for probes of one's own.
+  exec) shift; env_for_run; "$@" ;;
+  *) echo "usage: bash $0 stage|run|setup|check|bench|exec CMD..." >&2; exit 2 ;;
 esac

@@ -4,9 +4,9 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 
-use crate::{cmd, deps};
+use crate::{cmd, deps, tidy};
 
-/// fmt check, clippy with `-D warnings`, the dependency-graph check, then all tests.
+/// fmt check, clippy with `-D warnings`, the dependency-graph and tidy checks, then all tests.
 pub fn run(args: &[String]) -> Result<()> {
     if let Some(a) = args.first() {
         bail!("`ci` takes no arguments (got `{a}`)");
@@ -25,6 +25,7 @@ pub fn run(args: &[String]) -> Result<()> {
         ]),
     )?;
     deps::run()?;
+    tidy::run()?;
     // One OpenBLAS thread: its idle threads spin on the 2-core CI machine and
     // slow MLX's own worker down, and OpenBLAS 0.3.21's pthread build can hang
     // in `blas_thread_shutdown_` at the exit of a test binary that used them.

@@ -80,6 +80,7 @@ usage: cargo xtask gpu-bundle [--out DIR] [--part-mib N] [--wheels DIR] [--no-bu
   --no-build     use the release binaries already in target/release";
 
 /// Builds the bundle and prints the device-call sequence.
+// Long: the bundle's steps in order, each a few lines.
 pub fn run(args: &[String]) -> Result<()> {
     let root = cmd::root();
     let (mut out, mut part_mib, mut wheels, mut build) = (

@@ -17,6 +17,7 @@ mod report;
 mod setup;
 mod soak;
 mod split;
+mod tidy;
 
 use std::process::ExitCode;
 
@@ -26,8 +27,10 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [args]
 
 commands:
-  ci                 fmt check, clippy -D warnings, dependency-graph check, all tests
+  ci                 fmt check, clippy -D warnings, dependency-graph and tidy checks, all tests
   deps               check the crate graph against docs/ARCHITECTURE.md alone
+  tidy               house-style checks: `//!` openers, no `kind()` strings, unused
+                     dependencies, functions over 80 lines, module cycles
   bench [<suite>]    all suites -> docs/bench/results.json + README.md (plots); one suite:
                      JSON lines on stdout; `bench list` lists them, `bench --merge F.json`
   gpu-check [...]    parity and losslessness checks on a GPU (exit 3: no GPU); docs/gpu.md
@@ -37,6 +40,8 @@ commands:
                      the reference-tools venv
   train-tiny [...]   python3 xtask/train/train.py [...]
   ref-check [...]    python3 xtask/train/ref_check.py [...]
+  ref-formats [...]  python3 xtask/train/ref_formats.py [...]: rewrite the checkpoint-format fixtures
+                     (transformers + mlx-lm) under crates/runner/tests/fixtures/formats
 ";
 
 fn main() -> ExitCode {
@@ -62,6 +67,7 @@ fn run() -> Result<()> {
     match command {
         "ci" => ci::run(rest),
         "deps" => deps::run(),
+        "tidy" => tidy::run(),
         "bench" => bench::run(rest),
         "gpu-check" => gpu_check::run(rest),
         "gpu-bundle" => gpu_bundle::run(rest),
@@ -69,6 +75,7 @@ fn run() -> Result<()> {
         "soak" => soak::run(rest),
         "train-tiny" => python::run_script("train.py", rest),
         "ref-check" => python::run_script("ref_check.py", rest),
+        "ref-formats" => python::run_script("ref_formats.py", rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

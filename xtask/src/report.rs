@@ -149,6 +149,7 @@ fn f(v: &Value, digits: usize) -> String {
         .map_or_else(|| "–".to_owned(), |x| format!("{x:.digits$}"))
 }
 
+// Long: one report section's tables and plots, in the order they print.
 fn section(md: &mut String, g: &Group<'_>, dir: &Path) -> Result<()> {
     let slug = g.slug();
     let _ = write!(

@@ -25,6 +25,13 @@ pub trait Cache: fmt::Debug {
     /// The kind of cache, for messages (`"KvCache"`, ...).
     fn kind(&self) -> &'static str;
 
+    /// Whether [`Cache::restore`] reaches every lower offset without a
+    /// snapshot (a plain KV cache: rewinding moves its offset). Sliding
+    /// windows and recurrent state need a capture taken at the offset.
+    fn rewinds_by_offset(&self) -> bool {
+        false
+    }
+
     /// Positions written so far (monotonic except through restores).
     fn offset(&self) -> usize;
 

@@ -115,6 +115,10 @@ impl Cache for KvCache {
         "KvCache"
     }
 
+    fn rewinds_by_offset(&self) -> bool {
+        true
+    }
+
     fn offset(&self) -> usize {
         self.offset
     }

@@ -299,6 +299,19 @@ ArrPtr sdpa_masked(const Arr& q, const Arr& k, const Arr& v, float scale, const 
   return wrap(mx::fast::scaled_dot_product_attention(q.a, k.a, v.a, scale, "array", mask.a));
 }
 
+ArrPtr cuda_kernel2(rust::Str name, rust::Str source, rust::Str a_name, const Arr& a, rust::Str b_name,
+                    const Arr& b, rust::Str out_name, rust::Slice<const int32_t> out_shape, uint8_t out_dtype,
+                    rust::Slice<const int32_t> grid, rust::Slice<const int32_t> block, rust::Str tmpl_name,
+                    int32_t tmpl_value) {
+  if (grid.size() != 3 || block.size() != 3) throw std::invalid_argument("cuda_kernel2: grid and block take 3 sizes");
+  auto kernel = mx::fast::cuda_kernel(std::string(name), {std::string(a_name), std::string(b_name)},
+                                      {std::string(out_name)}, std::string(source), "", true, 0);
+  auto outs = kernel({a.a, b.a}, {to_shape(out_shape)}, {to_dtype(out_dtype)}, {grid[0], grid[1], grid[2]},
+                     {block[0], block[1], block[2]}, {{std::string(tmpl_name), mx::fast::TemplateArg(int(tmpl_value))}},
+                     std::nullopt, false, {});
+  return wrap(outs.at(0));
+}
+
 ArrPtr random_key(uint64_t seed) { return wrap(mx::random::key(seed)); }
 ArrPtr random_split(const Arr& key, int32_t num) { return wrap(mx::random::split(key.a, num)); }
 ArrPtr random_uniform(rust::Slice<const int32_t> shape, uint8_t dtype, const Arr& key) {

@@ -2,7 +2,7 @@
 
 use crate::error::check;
 use crate::ffi::sys;
-use crate::{Array, Result};
+use crate::{Array, Dtype, Result};
 
 /// RMSNorm over the last axis, `x / rms(x) * weight`.
 #[track_caller]
@@ -76,5 +76,61 @@ pub fn scaled_dot_product_attention(
         Mask::Array(m) => {
             check(sys::sdpa_masked(q.raw(), k.raw(), v.raw(), scale, m.raw())).map(Array::wrap)
         }
+    }
+}
+
+/// A CUDA kernel of two inputs and one output, compiled at run time by MLX
+/// (`fast::cuda_kernel`, NVRTC): `source` is the kernel body, the inputs are
+/// `const T*` named `inputs[i].0` (`NAME_shape` in the body adds the shape),
+/// the output is `T*` named `output`, and `template` becomes a `constexpr int`.
+/// Inputs are made row-contiguous first. Works only on MLX's CUDA backend:
+/// elsewhere it is an `Err`.
+#[derive(Debug, Clone, Copy)]
+pub struct CudaKernel<'a> {
+    /// Kernel name (one compiled module per name and template value).
+    pub name: &'a str,
+    /// The kernel body.
+    pub source: &'a str,
+    /// Names of the two inputs.
+    pub inputs: [&'a str; 2],
+    /// Name of the output.
+    pub output: &'a str,
+}
+
+/// Launch geometry and output of one [`CudaKernel`] call.
+#[derive(Debug, Clone, Copy)]
+pub struct CudaLaunch<'a> {
+    /// Output shape.
+    pub shape: &'a [i32],
+    /// Output dtype.
+    pub dtype: Dtype,
+    /// Total threads per axis (as in MLX: not blocks).
+    pub grid: [i32; 3],
+    /// Threads per block.
+    pub block: [i32; 3],
+    /// One compile-time integer, `(name, value)`.
+    pub template: (&'a str, i32),
+}
+
+impl CudaKernel<'_> {
+    /// Runs the kernel on `a`, `b`.
+    #[track_caller]
+    pub fn apply(&self, a: &Array, b: &Array, launch: &CudaLaunch<'_>) -> Result<Array> {
+        check(sys::cuda_kernel2(
+            self.name,
+            self.source,
+            self.inputs[0],
+            a.raw(),
+            self.inputs[1],
+            b.raw(),
+            self.output,
+            launch.shape,
+            launch.dtype.code(),
+            &launch.grid,
+            &launch.block,
+            launch.template.0,
+            launch.template.1,
+        ))
+        .map(Array::wrap)
     }
 }

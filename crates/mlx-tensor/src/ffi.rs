@@ -123,6 +123,22 @@ pub(crate) mod sys {
         fn sdpa(q: &Arr, k: &Arr, v: &Arr, scale: f32, causal: bool) -> Result<UniquePtr<Arr>>;
         fn sdpa_masked(q: &Arr, k: &Arr, v: &Arr, scale: f32, mask: &Arr)
         -> Result<UniquePtr<Arr>>;
+        #[allow(clippy::too_many_arguments)]
+        fn cuda_kernel2(
+            name: &str,
+            source: &str,
+            a_name: &str,
+            a: &Arr,
+            b_name: &str,
+            b: &Arr,
+            out_name: &str,
+            out_shape: &[i32],
+            out_dtype: u8,
+            grid: &[i32],
+            block: &[i32],
+            tmpl_name: &str,
+            tmpl_value: i32,
+        ) -> Result<UniquePtr<Arr>>;
 
         fn random_key(seed: u64) -> Result<UniquePtr<Arr>>;
         fn random_split(key: &Arr, num: i32) -> Result<UniquePtr<Arr>>;

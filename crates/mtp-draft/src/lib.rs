@@ -77,5 +77,5 @@ pub use drafter::Drafter;
 pub use error::{Error, Result};
 pub use head::{DraftHead, HeadOutput};
 pub use pending::PENDING_FLUSH_PAIRS;
-pub use propose::{DraftSampling, Proposal};
+pub use propose::{DraftChain, DraftSampling, Proposal};
 pub use session::DraftSession;

@@ -68,12 +68,8 @@ impl<H: DraftHead> DraftSession<'_, H> {
             }
         }
         let anchor = self.frontier - 1;
-        let penalised = sampling.options.uses_penalties();
-        let greedy = sampling.options.is_greedy();
+        let mut chain = DraftChain::new(sampling, max_tokens);
         let mut token = current;
-        let mut tokens = Vec::with_capacity(max_tokens);
-        let mut dists = Vec::with_capacity(max_tokens);
-        let mut chain: Vec<u32> = Vec::new();
         for i in 0..max_tokens {
             let step = match (&self.held, i) {
                 (Some(held), 0) if self.cached => HeadOutput {
@@ -91,26 +87,71 @@ impl<H: DraftHead> DraftSession<'_, H> {
                 }
             };
             let logits = self.head.unembed(&step.out)?;
-            let dist =
-                Distribution::from_logits(&logits, sampling.options, sampling.history, &chain)?;
-            // Greedy rows are one-hot: their argmax is the draw, with no key.
-            let next = if greedy {
-                dist.probs().argmax(-1, false)?
-            } else {
-                dist.sample(&sampling.keys.next_key()?)?
-            };
-            if penalised {
-                chain.push(next.item::<u32>()?);
-            }
-            tokens.push(next.clone());
-            dists.push(dist);
-            token = next;
+            token = chain.step(&logits)?;
             hidden = step.hidden;
         }
-        Ok(Some(Proposal {
-            tokens: ops::concatenate(&tokens, 0)?,
-            len: max_tokens,
-            dist: Distribution::concatenate(&dists)?,
-        }))
+        chain.finish().map(Some)
+    }
+}
+
+/// The one draft-step sampler: every drafter that samples its own rows (the
+/// MTP head, a draft model) builds its chain with it, so draft tokens are
+/// drawn exactly as validation expects.
+///
+/// Each step turns a row of logits into a draft distribution (the request's
+/// options, with the earlier drafts as penalty history) and draws the next
+/// token: the argmax for greedy options (a one-hot row needs no key), else a
+/// sample from the next key. Nothing is read from the device unless the
+/// options use penalties, which need each draft on the host.
+#[derive(Debug)]
+pub struct DraftChain<'a> {
+    sampling: DraftSampling<'a>,
+    tokens: Vec<Array>,
+    dists: Vec<Distribution>,
+    /// The drafts so far on the host (only when penalties need them).
+    chain: Vec<u32>,
+}
+
+impl<'a> DraftChain<'a> {
+    /// An empty chain of at most `max_tokens` steps.
+    pub fn new(sampling: DraftSampling<'a>, max_tokens: usize) -> DraftChain<'a> {
+        DraftChain {
+            sampling,
+            tokens: Vec::with_capacity(max_tokens),
+            dists: Vec::with_capacity(max_tokens),
+            chain: Vec::new(),
+        }
+    }
+
+    /// Samples the next draft from `logits` `[1, V]` and returns it as a
+    /// `[1]` `u32` array (lazy unless penalties forced a read).
+    pub fn step(&mut self, logits: &Array) -> Result<Array> {
+        let opts = self.sampling.options;
+        let dist = Distribution::from_logits(logits, opts, self.sampling.history, &self.chain)?;
+        // Greedy rows are one-hot: their argmax is the draw, with no key.
+        let next = if opts.is_greedy() {
+            dist.probs().argmax(-1, false)?
+        } else {
+            dist.sample(&self.sampling.keys.next_key()?)?
+        };
+        if opts.uses_penalties() {
+            self.chain.push(next.item::<u32>()?);
+        }
+        self.tokens.push(next.clone());
+        self.dists.push(dist);
+        Ok(next)
+    }
+
+    /// The proposal of the steps taken.
+    ///
+    /// # Panics
+    /// When no step was taken (a proposal has at least one draft).
+    pub fn finish(self) -> Result<Proposal> {
+        assert!(!self.tokens.is_empty(), "a draft chain of no steps");
+        Ok(Proposal {
+            len: self.tokens.len(),
+            tokens: ops::concatenate(&self.tokens, 0)?,
+            dist: Distribution::concatenate(&self.dists)?,
+        })
     }
 }

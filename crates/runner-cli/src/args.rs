@@ -49,11 +49,92 @@ pub enum Command {
     #[command(after_help = crate::quantize::AFTER_HELP)]
     Quantize(crate::quantize::QuantizeArgs),
     /// Chat with a model over several turns (interactive, or --script FILE).
-    #[command(allow_negative_numbers = true, after_help = crate::chat::AFTER_HELP)]
-    Chat(crate::chat::ChatArgs),
+    #[command(allow_negative_numbers = true, after_help = CHAT_AFTER_HELP)]
+    Chat(ChatArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
-    #[command(allow_negative_numbers = true, after_help = crate::serve::AFTER_HELP)]
-    Serve(crate::serve::ServeArgs),
+    #[command(allow_negative_numbers = true, after_help = SERVE_AFTER_HELP)]
+    Serve(ServeArgs),
+}
+
+/// Examples shown after `chat --help`.
+pub const CHAT_AFTER_HELP: &str = "EXAMPLES:
+  mtp-runner chat --model models/tiny-mtp
+  mtp-runner chat --model models/tiny-mtp --script turns.txt -n 32 --temperature 0
+
+In the interactive form type a message and press Enter; `/stats` prints the
+figures of the last turn, `/reset` starts a new conversation, `/quit` (or
+end of input) leaves. Ctrl-C stops the reply being generated (what it said so
+far stays in the conversation) and the chat goes on with the next message.
+
+With --script FILE every non-empty line is one user turn, and one JSON object
+per turn is printed: turn, text, token_ids, prompt_tokens, reused_tokens,
+reuse_source, generated_tokens, prefill_tps, decode_tps, finish_reason and
+the speculation object of `generate --json`.";
+
+/// `chat` options.
+#[derive(Debug, Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub decode: DecodeArgs,
+    /// System message at the start of the conversation.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Run the user turns of FILE (one per line), printing one JSON object per turn.
+    #[arg(long, value_name = "FILE")]
+    pub script: Option<PathBuf>,
+    /// Memory for cached prefixes, in MiB (0: reuse only the live session).
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    pub prefix_cache_mib: usize,
+}
+
+// `serve` (src/serve/): its options.
+/// Examples shown after `serve --help`.
+pub const SERVE_AFTER_HELP: &str = "EXAMPLES:
+  mtp-runner serve --model models/tiny-mtp
+  mtp-runner serve --model models/tiny-mtp --port 0 --speculative off
+  curl -s localhost:8080/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'
+
+ENDPOINTS:
+  POST /v1/chat/completions, POST /v1/completions (stream: true for server-sent events),
+  GET /v1/models, GET /health, GET /metrics (Prometheus text)
+
+The decoding flags (--max-tokens, --temperature, --top-p, --stop, --speculative,
+--draft-tokens, ...) are the defaults of every request; a request's own fields
+override them. Requests run one at a time in arrival order; when --queue-size
+are waiting, more get 429. SIGINT or SIGTERM stops accepting, lets the requests
+in flight finish (for at most --shutdown-timeout seconds, or until a second
+signal, then cancels them) and exits 0. The first line on stderr names the
+address (`--port 0` picks a free port).";
+
+/// `serve` options.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub decode: DecodeArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// The model id of /v1/models and requests (default: the model folder's name).
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
+    /// Requests that may wait while one runs; more get 429.
+    #[arg(long, default_value_t = 64)]
+    pub queue_size: usize,
+    /// Largest request body in bytes; larger gets 413.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// Memory for cached prefixes shared by all requests, in MiB (0: reuse only the live session).
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    pub prefix_cache_mib: usize,
+    /// Start every request from empty caches (no prefix reuse across requests).
+    #[arg(long)]
+    pub no_prefix_reuse: bool,
+    /// Seconds that in-flight requests may run after SIGINT/SIGTERM before they are cancelled.
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub shutdown_timeout: u64,
 }
 
 /// `generate` options.
@@ -120,6 +201,10 @@ pub struct DecodeArgs {
     /// Compute dtype (f32 is fastest on the CPU).
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
+    /// Load a checkpoint even when it holds tensors the model does not use
+    /// (by default an error: the config would not describe the weights).
+    #[arg(long)]
+    pub allow_unused_tensors: bool,
     /// Speculative decoding: `mtp` drafts with the model's MTP head (an error
     /// without one), `draft-model` with `--draft-model`, `ngram` by prompt
     /// lookup; `auto` picks MTP when the model has a head, else the draft
@@ -150,6 +235,19 @@ pub enum SpeculativeArg {
     Ngram,
     /// MTP when the model has a head, else the draft model when given, else n-gram.
     Auto,
+}
+
+impl SpeculativeArg {
+    /// The flag's value as typed.
+    pub fn name(self) -> &'static str {
+        match self {
+            SpeculativeArg::Off => "off",
+            SpeculativeArg::Mtp => "mtp",
+            SpeculativeArg::DraftModel => "draft-model",
+            SpeculativeArg::Ngram => "ngram",
+            SpeculativeArg::Auto => "auto",
+        }
+    }
 }
 
 /// `--draft-tokens`.

@@ -2,51 +2,18 @@
 //! each turn reusing the cached prefix of the history.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
-use clap::Args;
 use serde::Serialize;
 
-use runner::conversation::{Conversation, Turn};
-use runner::prefix::ReuseSource;
+use runner::ReuseSource;
+use runner::{Conversation, Turn};
 use runner::{FinishReason, GenerateOptions};
 
-use crate::args::DecodeArgs;
+use crate::args::ChatArgs;
 use crate::report::{SpeculationReport, finish_name, stats_line};
-
-/// Examples shown after `chat --help`.
-pub const AFTER_HELP: &str = "EXAMPLES:
-  mtp-runner chat --model models/tiny-mtp
-  mtp-runner chat --model models/tiny-mtp --script turns.txt -n 32 --temperature 0
-
-In the interactive form type a message and press Enter; `/stats` prints the
-figures of the last turn, `/reset` starts a new conversation, `/quit` (or
-end of input) leaves. Ctrl-C stops the reply being generated (what it said so
-far stays in the conversation) and the chat goes on with the next message.
-
-With --script FILE every non-empty line is one user turn, and one JSON object
-per turn is printed: turn, text, token_ids, prompt_tokens, reused_tokens,
-reuse_source, generated_tokens, prefill_tps, decode_tps, finish_reason and
-the speculation object of `generate --json`.";
-
-/// `chat` options.
-#[derive(Debug, Args)]
-pub struct ChatArgs {
-    #[command(flatten)]
-    pub decode: DecodeArgs,
-    /// System message at the start of the conversation.
-    #[arg(long)]
-    pub system: Option<String>,
-    /// Run the user turns of FILE (one per line), printing one JSON object per turn.
-    #[arg(long, value_name = "FILE")]
-    pub script: Option<PathBuf>,
-    /// Memory for cached prefixes, in MiB (0: reuse only the live session).
-    #[arg(long, default_value_t = 256, value_name = "MIB")]
-    pub prefix_cache_mib: usize,
-}
 
 /// One turn of `--script` output.
 #[derive(Debug, Serialize)]
@@ -131,7 +98,8 @@ pub fn run(a: ChatArgs, verbose: bool) -> Result<u8> {
     };
     let m = crate::load_with_progress(&a.decode)?;
     let opts = crate::generate_options(&a.decode, &m.generation_config);
-    let session = crate::open_session(&a.decode, &m)?;
+    let draft = crate::load_draft_model(&a.decode, &m)?;
+    let session = crate::open_session(&a.decode, &m, draft.as_ref())?;
     let mut chat = Conversation::new(session, &m.tokenizer, a.system.as_deref(), budget)
         .context("starting the chat (the model needs a chat template in tokenizer_config.json)")?;
     match script {
@@ -165,6 +133,7 @@ fn run_script(
     Ok(0)
 }
 
+// Long: one read loop over the slash commands and the turn's outcomes.
 #[allow(clippy::print_stderr)]
 fn run_interactive(
     chat: &mut Conversation<'_>,

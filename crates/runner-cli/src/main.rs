@@ -21,9 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, Result};
 use clap::Parser;
 use mlx_tensor::{Device, Dtype};
+use runner::DepthPolicy;
 use runner::chat::Message;
-use runner::depth::DepthPolicy;
-use runner::{FinishReason, GenerateOptions, LoadOptions, SamplingOptions, Session};
+use runner::{FinishReason, GenerateOptions, LoadOptions, SamplingOptions, Session, Speculation};
 
 use args::{
     Cli, Command, DecodeArgs, DeviceArg, DraftTokens, DtypeArg, GenerateArgs, InfoArgs,
@@ -183,6 +183,7 @@ fn load_options(a: &DecodeArgs) -> LoadOptions {
     };
     LoadOptions {
         dtype,
+        allow_unused_tensors: a.allow_unused_tensors,
         ..LoadOptions::default()
     }
 }
@@ -252,9 +253,15 @@ fn generate_options(a: &DecodeArgs, g: &runner::GenerationConfig) -> GenerateOpt
     }
 }
 
-/// A session decoding as `--speculative` asks, without a draft model.
-fn open_session<'m>(a: &DecodeArgs, m: &'m runner::LoadedModel) -> Result<Session<'m>> {
-    open_session_with(a, m, None)
+/// The library's speculation mode for `--speculative`.
+fn speculation(a: &DecodeArgs) -> Speculation {
+    match a.speculative {
+        SpeculativeArg::Off => Speculation::Off,
+        SpeculativeArg::Mtp => Speculation::Mtp,
+        SpeculativeArg::DraftModel => Speculation::DraftModel,
+        SpeculativeArg::Ngram => Speculation::Ngram,
+        SpeculativeArg::Auto => Speculation::Auto,
+    }
 }
 
 /// The `--draft-model` when the `--speculative` choice will use it, loaded
@@ -263,51 +270,27 @@ fn load_draft_model(
     a: &DecodeArgs,
     m: &runner::LoadedModel,
 ) -> Result<Option<runner::LoadedModel>> {
-    let wanted = match a.speculative {
-        SpeculativeArg::DraftModel => true,
-        SpeculativeArg::Auto => m.model.mtp_head().is_none(),
-        SpeculativeArg::Off | SpeculativeArg::Mtp | SpeculativeArg::Ngram => false,
-    };
-    let Some(dir) = a.draft_model.as_deref().filter(|_| wanted) else {
-        if a.speculative == SpeculativeArg::DraftModel {
-            return Err(Usage(
-                "--speculative draft-model needs --draft-model DIR (a smaller model with the same \
-                 tokenizer)"
-                    .into(),
-            )
-            .into());
-        }
+    let Some(dir) = a.draft_model.as_deref() else {
         return Ok(None);
     };
-    let draft = runner::drafter::load_draft(dir, &a.model, &m.tokenizer, load_options(a))
+    if !speculation(a).uses_draft_model(m.model.as_ref()) {
+        return Ok(None);
+    }
+    let draft = runner::load_draft(dir, &a.model, &m.tokenizer, load_options(a))
         .with_context(|| format!("loading the draft model from {}", dir.display()))?;
     Ok(Some(draft))
 }
 
-/// A session decoding as `--speculative` asks, drafting with `draft` when it uses a draft model.
-fn open_session_with<'m>(
+/// A session decoding as `--speculative` asks, drafting with `draft` when
+/// it uses a draft model: the one way `generate` and `chat` open sessions.
+fn open_session<'m>(
     a: &DecodeArgs,
     m: &'m runner::LoadedModel,
     draft: Option<&'m runner::LoadedModel>,
 ) -> Result<Session<'m>> {
-    let target = m.model.as_ref();
-    let ngram = || Session::with_ngram(target, runner::drafter::NgramOptions::default());
-    Ok(match (a.speculative, draft) {
-        (SpeculativeArg::Off, _) => Session::new(target),
-        (SpeculativeArg::Mtp, _) => Session::with_mtp(target).context("--speculative mtp")?,
-        (SpeculativeArg::DraftModel, Some(d)) => {
-            Session::with_draft_model(target, d.model.as_ref())
-        }
-        (SpeculativeArg::DraftModel, None) => {
-            return Err(Usage("--speculative draft-model needs --draft-model DIR".into()).into());
-        }
-        (SpeculativeArg::Ngram, _) => ngram(),
-        (SpeculativeArg::Auto, d) => match (Session::with_mtp(target), d) {
-            (Ok(s), _) => s,
-            (Err(_), Some(d)) => Session::with_draft_model(target, d.model.as_ref()),
-            (Err(_), None) => ngram(),
-        },
-    })
+    let draft = draft.map(|d| d.model.as_ref());
+    Session::open(m.model.as_ref(), speculation(a), draft)
+        .with_context(|| format!("--speculative {}", a.speculative.name()))
 }
 
 #[allow(clippy::print_stderr)]
@@ -338,7 +321,7 @@ fn generate(a: GenerateArgs, verbose: bool) -> Result<u8> {
     let opts = generate_options(&a.decode, &m.generation_config);
     tracing::info!(prompt_tokens = prompt.len(), ?opts.sampling, "generating");
     let draft = load_draft_model(&a.decode, &m)?;
-    let mut session = open_session_with(&a.decode, &m, draft.as_ref())?;
+    let mut session = open_session(&a.decode, &m, draft.as_ref())?;
     let mut stdout = std::io::stdout().lock();
     let mut write_err = None;
     let g = session

@@ -59,7 +59,7 @@ impl SpeculationReport {
     pub fn new(g: &Generation) -> Self {
         match &g.speculation {
             Some(s) => SpeculationReport {
-                method: s.method.clone(),
+                method: s.method.as_str().to_owned(),
                 rounds: s.rounds,
                 drafted: s.drafted,
                 accepted: s.accepted,
@@ -155,7 +155,8 @@ pub fn info_text(i: &ModelInfo) -> String {
          hidden size:    {}\n\
          vocab size:     {}\n\
          context length: {}\n\
-         MTP head:       {}",
+         tensor layout:  {}{}\n\
+         MTP head:       {}{}",
         i.architecture,
         i.family,
         i.model_type,
@@ -166,10 +167,25 @@ pub fn info_text(i: &ModelInfo) -> String {
         i.hidden_size,
         i.vocab_size,
         i.context_length,
+        i.tensor_layout,
+        match i.skipped {
+            (0, _) => String::new(),
+            (n, p) => format!(
+                " (vision tower left out: {n} tensors, {:.2} M parameters)",
+                p as f64 / 1e6
+            ),
+        },
         match (i.mtp_head, i.mtp_layers_declared) {
-            (true, n) => format!("found ({n} layer(s) declared in config.json)"),
+            (true, n) => format!(
+                "found, {} layout ({n} layer(s) declared in config.json)",
+                i.mtp_layout.unwrap_or("?")
+            ),
             (false, 0) => "none".to_owned(),
             (false, n) => format!("declared ({n} layer(s)) but no MTP tensors in the checkpoint"),
+        },
+        match i.mtp_note {
+            Some(note) => format!("\n                {note}"),
+            None => String::new(),
         }
     )
 }
@@ -191,6 +207,14 @@ pub struct InfoReport<'a> {
     pub mtp_head: bool,
     /// MTP layers declared in config.json.
     pub mtp_layers_declared: usize,
+    /// The MTP head's tensor layout, when there is one.
+    pub mtp_layout: Option<&'static str>,
+    /// Why a declared MTP head is absent (an mlx-lm conversion dropped it).
+    pub mtp_note: Option<&'static str>,
+    /// How the checkpoint wraps its text model.
+    pub tensor_layout: &'static str,
+    /// Vision-tower tensors left out.
+    pub skipped_tensors: usize,
     /// Context length.
     pub context_length: usize,
     /// Decoder layers.
@@ -212,6 +236,10 @@ impl<'a> InfoReport<'a> {
             dtypes: &i.dtypes,
             mtp_head: i.mtp_head,
             mtp_layers_declared: i.mtp_layers_declared,
+            mtp_layout: i.mtp_layout,
+            mtp_note: i.mtp_note,
+            tensor_layout: i.tensor_layout,
+            skipped_tensors: i.skipped.0,
             context_length: i.context_length,
             layers: i.layers,
             hidden_size: i.hidden_size,

@@ -42,11 +42,7 @@ fn conflicts(a: &DecodeArgs) -> Result<()> {
             SpeculativeArg::Off | SpeculativeArg::Mtp | SpeculativeArg::Ngram
         )
     {
-        let name = match a.speculative {
-            SpeculativeArg::Off => "off",
-            SpeculativeArg::Mtp => "mtp",
-            _ => "ngram",
-        };
+        let name = a.speculative.name();
         return Err(Usage(format!(
             "--draft-model is not used with --speculative {name}: pass --speculative draft-model \
              (or auto) to draft with it, or drop --draft-model"

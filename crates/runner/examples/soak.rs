@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use runner::conversation::Conversation;
-use runner::depth::DepthPolicy;
+use runner::Conversation;
+use runner::DepthPolicy;
 use runner::{GenerateOptions, LoadOptions, SamplingOptions, Session};
 use serde::Serialize;
 

@@ -14,9 +14,9 @@
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
-use runner::depth::DepthPolicy;
-use runner::drafter::{NgramOptions, load_draft};
+use runner::DepthPolicy;
 use runner::{GenerateOptions, Generation, LoadOptions, LoadedModel, SamplingOptions, Session};
+use runner::{NgramOptions, load_draft};
 use serde_json::{Value, json};
 
 /// The bundled draft model, used when `--draft-model` is not given.
@@ -140,14 +140,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             timed.sort_by(|a, b| a.stats.decode_tps().total_cmp(&b.stats.decode_tps()));
             let median = &timed[timed.len() / 2];
-            let spec = median.speculation.clone().unwrap_or_default();
+            // A plain run has no speculation figures: acceptance 0, one token a round.
+            let spec = median.speculation.as_ref();
             let line = json!({
                 "bench": "spec", "engine": "mtp-runner", "method": method,
                 "depth": depth_json(depth),
                 "tokens_per_s": median.stats.decode_tps(),
-                "acceptance_rate": spec.acceptance_rate(),
-                "mean_accepted_length": if spec.rounds == 0 { 1.0 } else { spec.mean_accepted_length() },
-                "per_position_acceptance": spec.per_position_acceptance(),
+                "acceptance_rate": spec.map_or(0.0, |s| s.acceptance_rate()),
+                "mean_accepted_length": spec.filter(|s| s.rounds > 0).map_or(1.0, |s| s.mean_accepted_length()),
+                "per_position_acceptance": spec.map_or(Vec::new(), |s| s.per_position_acceptance()),
                 "generated_tokens": median.stats.generated_tokens,
                 "runs": runs,
             });

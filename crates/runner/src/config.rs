@@ -44,8 +44,20 @@ pub struct RopeScalingRaw {
     pub low_freq_factor: Option<f32>,
     /// Llama 3: high-frequency factor.
     pub high_freq_factor: Option<f32>,
-    /// Llama 3: the context the base model was trained on.
+    /// Llama 3 / YaRN: the context the base model was trained on.
     pub original_max_position_embeddings: Option<usize>,
+    /// YaRN: rotations at which interpolation ends (32 when absent).
+    pub beta_fast: Option<f32>,
+    /// YaRN: rotations at which extrapolation ends (1 when absent).
+    pub beta_slow: Option<f32>,
+    /// YaRN: numerator weight of the attention scale.
+    pub mscale: Option<f32>,
+    /// YaRN: denominator weight of the attention scale.
+    pub mscale_all_dim: Option<f32>,
+    /// YaRN: the attention scale, given outright.
+    pub attention_factor: Option<f32>,
+    /// YaRN: round the correction range to whole dimensions (true when absent).
+    pub truncate: Option<bool>,
 }
 
 /// How rotary frequencies are scaled.
@@ -68,6 +80,22 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         /// Trained context.
         original_max_position_embeddings: usize,
+    },
+    /// YaRN (NTK-by-parts interpolation plus an attention scale), as
+    /// transformers' `_compute_yarn_parameters` computes it.
+    Yarn {
+        /// Context extension factor.
+        factor: f32,
+        /// Trained context.
+        original_max_position_embeddings: usize,
+        /// Rotations at which interpolation ends.
+        beta_fast: f32,
+        /// Rotations at which extrapolation ends.
+        beta_slow: f32,
+        /// Multiplies the rotated part of q and k (so the logits by its square).
+        attention_factor: f32,
+        /// Round the correction range to whole dimensions.
+        truncate: bool,
     },
 }
 
@@ -110,6 +138,10 @@ struct RawConfig {
     linear_conv_kernel_dim: Option<usize>,
     partial_rotary_factor: Option<f32>,
     attn_output_gate: Option<bool>,
+    #[serde(default)]
+    mlp_bias: bool,
+    sliding_window: Option<usize>,
+    hidden_act: Option<String>,
 }
 
 /// The largest size a config may give a dimension (MLX shapes are `i32`).
@@ -175,6 +207,14 @@ pub struct ModelConfig {
     /// Layer plan and Gated DeltaNet shapes of a hybrid model (Qwen3.5 /
     /// Qwen3-Next); `None` when the config declares no linear-attention layers.
     pub hybrid: Option<HybridConfig>,
+    /// The MLP projections carry biases (`mlp_bias`, Llama).
+    pub mlp_bias: bool,
+    /// `sliding_window` as written (null and absent are `None`); each family
+    /// decides which layers use it (see [`ModelConfig::raw`]).
+    pub sliding_window: Option<usize>,
+    /// The config as read, after `text_config` and `rope_parameters` were
+    /// flattened: the family-specific keys a family checks for itself.
+    pub raw: serde_json::Value,
 }
 
 impl ModelConfig {
@@ -202,16 +242,51 @@ impl ModelConfig {
 
     /// A nested `text_config` and transformers 5 `rope_parameters` are
     /// flattened first (see [`hybrid`]).
-    fn from_value(value: serde_json::Value, path: &Path) -> Result<ModelConfig> {
-        let raw: RawConfig =
-            serde_json::from_value(hybrid::normalise(value)).map_err(|e| Error::Json {
-                path: path.to_owned(),
-                message: e.to_string(),
-            })?;
-        Self::from_raw(raw, path)
+    pub(crate) fn from_value(value: serde_json::Value, path: &Path) -> Result<ModelConfig> {
+        let value = hybrid::normalise(value);
+        let raw: RawConfig = serde_json::from_value(value.clone()).map_err(|e| Error::Json {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        Self::from_raw(raw, value, path)
     }
 
-    fn from_raw(raw: RawConfig, path: &Path) -> Result<ModelConfig> {
+    /// `architectures[0]` and `model_type` of a config.json value, read before
+    /// anything else so an unsupported architecture is named as such rather
+    /// than by the first key its config lacks.
+    pub fn identify(value: &serde_json::Value) -> (String, String) {
+        let v = hybrid::normalise(value.clone());
+        let arch = v["architectures"][0]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let model_type = v["model_type"].as_str().unwrap_or_default().to_owned();
+        (arch, model_type)
+    }
+
+    /// Reads `dir/config.json` as JSON (not yet validated).
+    pub fn read_value(dir: &Path) -> Result<(serde_json::Value, PathBuf)> {
+        let path = dir.join("config.json");
+        if !path.is_file() {
+            return Err(Error::MissingFile {
+                path,
+                hint: "a model folder needs the Hugging Face config.json next to its safetensors",
+            });
+        }
+        Ok((read_json(&path)?, path))
+    }
+
+    /// An error for a config key whose computation the family does not implement.
+    pub fn unsupported_key(&self, key: &'static str, message: String) -> Error {
+        Error::InvalidConfig {
+            path: PathBuf::from("config.json"),
+            key,
+            message,
+        }
+    }
+
+    // Long: one check per config key, each naming the key in its error.
+    fn from_raw(raw: RawConfig, value: serde_json::Value, path: &Path) -> Result<ModelConfig> {
         let hybrid = hybrid::parse(&raw, path)?;
         let bad = |key: &'static str, message: String| Error::InvalidConfig {
             path: path.to_owned(),
@@ -273,8 +348,19 @@ impl ModelConfig {
         }
         let rope_scaling = match raw.rope_scaling {
             None => RopeScaling::None,
-            Some(s) => parse_scaling(s, path)?,
+            Some(s) => parse_scaling(s, raw.max_position_embeddings, path)?,
         };
+        if let Some(act) = &raw.hidden_act
+            && act != "silu"
+        {
+            return Err(bad(
+                "hidden_act",
+                format!("`{act}` is not implemented (every supported family uses silu)"),
+            ));
+        }
+        if raw.sliding_window == Some(0) {
+            return Err(bad("sliding_window", "must be positive or null".into()));
+        }
         Ok(ModelConfig {
             architecture: raw.architectures.first().cloned().unwrap_or_default(),
             model_type: raw.model_type,
@@ -305,11 +391,14 @@ impl ModelConfig {
                 path,
             )?,
             hybrid,
+            mlp_bias: raw.mlp_bias,
+            sliding_window: raw.sliding_window,
+            raw: value,
         })
     }
 }
 
-fn parse_scaling(s: RopeScalingRaw, path: &Path) -> Result<RopeScaling> {
+fn parse_scaling(s: RopeScalingRaw, context: usize, path: &Path) -> Result<RopeScaling> {
     let bad = |message: String| Error::InvalidConfig {
         path: path.to_owned(),
         key: "rope_scaling",
@@ -329,10 +418,61 @@ fn parse_scaling(s: RopeScalingRaw, path: &Path) -> Result<RopeScaling> {
             high_freq_factor: s.high_freq_factor.unwrap_or(4.0),
             original_max_position_embeddings: s.original_max_position_embeddings.unwrap_or(8192),
         }),
+        "yarn" => yarn(&s, context, path),
         other => Err(bad(format!(
-            "type `{other}` is not supported (supported: linear, llama3)"
+            "type `{other}` is not supported (supported: linear, llama3, yarn)"
         ))),
     }
+}
+
+/// YaRN parameters with transformers 5's defaults: the factor as given (or
+/// `max_position_embeddings / original_max_position_embeddings` when absent),
+/// and the attention scale `attention_factor`, else
+/// `mscale(factor, mscale) / mscale(factor, mscale_all_dim)` when both are
+/// given, else `mscale(factor)` with `mscale(s, m) = 0.1 · m · ln s + 1`.
+fn yarn(s: &RopeScalingRaw, context: usize, path: &Path) -> Result<RopeScaling> {
+    let bad = |message: String| Error::InvalidConfig {
+        path: path.to_owned(),
+        key: "rope_scaling",
+        message,
+    };
+    let original = s.original_max_position_embeddings.unwrap_or(context);
+    if original == 0 {
+        return Err(bad(
+            "original_max_position_embeddings must be positive".into()
+        ));
+    }
+    let factor = s.factor.unwrap_or(context as f32 / original as f32);
+    if factor.is_nan() || factor <= 0.0 {
+        return Err(bad(format!("yarn factor {factor} must be positive")));
+    }
+    let get = |scale: f32, m: f32| {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * scale.ln() + 1.0
+        }
+    };
+    let attention_factor = match (s.attention_factor, s.mscale, s.mscale_all_dim) {
+        (Some(a), _, _) => a,
+        (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => get(factor, m) / get(factor, all),
+        _ => get(factor, 1.0),
+    };
+    let beta_fast = s.beta_fast.filter(|b| *b != 0.0).unwrap_or(32.0);
+    let beta_slow = s.beta_slow.filter(|b| *b != 0.0).unwrap_or(1.0);
+    if !(attention_factor.is_finite() && attention_factor > 0.0) {
+        return Err(bad(format!(
+            "yarn attention factor {attention_factor} must be positive"
+        )));
+    }
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings: original,
+        beta_fast,
+        beta_slow,
+        attention_factor,
+        truncate: s.truncate.unwrap_or(true),
+    })
 }
 
 /// Defaults from `generation_config.json` (all optional).

@@ -14,13 +14,14 @@ use std::sync::atomic::AtomicBool;
 
 use crate::chat::{Message, apply_chat_template};
 use crate::error::Result;
-use crate::generate::{GenerateOptions, Generation, Session};
+use crate::generate::{GenerateOptions, Generation};
 use crate::prefix::{PrefixCache, ReuseSource};
+use crate::session::Session;
 use crate::tokenizer::Tokenizer;
 
 /// End-of-turn tokens of common chat templates, used as extra
 /// end-of-sequence ids when the template and the vocabulary both have them.
-pub const END_OF_TURN: &[&str] = &["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>"];
+pub(crate) const END_OF_TURN: &[&str] = &["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>"];
 
 /// The figures of one turn.
 #[derive(Debug, Clone)]

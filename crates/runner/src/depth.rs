@@ -66,7 +66,7 @@ enum Reason {
 
 /// The per-request depth controller.
 #[derive(Debug, Clone)]
-pub struct DepthController {
+pub(crate) struct DepthController {
     policy: DepthPolicy,
     acceptance: Acceptance,
     cost: CostModel,
@@ -87,7 +87,7 @@ pub struct DepthController {
 
 impl DepthController {
     /// A controller for `policy`.
-    pub fn new(policy: DepthPolicy) -> DepthController {
+    pub(crate) fn new(policy: DepthPolicy) -> DepthController {
         DepthController::with_window(policy, cost::WINDOW)
     }
 
@@ -111,28 +111,8 @@ impl DepthController {
         }
     }
 
-    /// The policy it follows.
-    pub fn policy(&self) -> DepthPolicy {
-        self.policy
-    }
-
-    /// Conditional acceptance estimates `a_1, a_2, ...` (the prior where unmeasured).
-    pub fn acceptance(&self) -> Vec<f64> {
-        self.acceptance.rates()
-    }
-
-    /// Expected committed tokens of a depth-`k` round (`k` at most the policy's max).
-    pub fn expected_tokens(&self, k: usize) -> f64 {
-        expected_committed(&self.acceptance.rates())[k]
-    }
-
-    /// The modelled wall time in seconds of a depth-`k` round, if anything was measured.
-    pub fn cost(&self, k: usize) -> Option<f64> {
-        self.cost.cost(k)
-    }
-
     /// Modelled tokens per second of each depth `0..=max` (`None` before any timing).
-    pub fn throughput(&self) -> Vec<Option<f64>> {
+    pub(crate) fn throughput(&self) -> Vec<Option<f64>> {
         let e = expected_committed(&self.acceptance.rates());
         self.cost
             .costs()
@@ -143,7 +123,7 @@ impl DepthController {
     }
 
     /// The depth for the next round, at most `budget` (tokens the request may still add minus one).
-    pub fn choose(&mut self, budget: usize) -> usize {
+    pub(crate) fn choose(&mut self, budget: usize) -> usize {
         let (k, reason) = match self.policy {
             DepthPolicy::Fixed(n) => (n, Reason::Fixed),
             DepthPolicy::Auto { max } => self.choose_auto(max),
@@ -236,7 +216,7 @@ impl DepthController {
     /// the tokens committed meanwhile (the MTP head forwards its pending
     /// pairs, a draft model its pending tokens; first of all, the prompt's).
     /// Its excess over the depth's median is charged to those plain tokens.
-    pub fn record(&mut self, drafted: usize, accepted: usize, seconds: f64) {
+    pub(crate) fn record(&mut self, drafted: usize, accepted: usize, seconds: f64) {
         let catch_up = drafted > 0 && self.last.is_none_or(|l| l == 0);
         tracing::trace!(drafted, accepted, ms = seconds * 1e3, catch_up, "round");
         self.acceptance.observe(drafted, accepted);

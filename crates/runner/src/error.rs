@@ -52,6 +52,49 @@ pub enum Error {
         /// The registered names, comma separated.
         known: String,
     },
+    /// A known architecture whose computation the runner does not implement yet.
+    #[error(
+        "architecture `{architecture}` (model_type `{model_type}`) is not supported yet: it needs \
+         {needs}; supported: {known}"
+    )]
+    UnsupportedArchitecture {
+        /// `architectures[0]` from config.json.
+        architecture: String,
+        /// `model_type` from config.json.
+        model_type: String,
+        /// What the runner lacks for it.
+        needs: &'static str,
+        /// The registered names, comma separated.
+        known: String,
+    },
+    /// The same tensor name is stored in two shard files.
+    #[error(
+        "tensor `{name}` is stored in both {first} and {second}; a checkpoint holds each tensor \
+         once: remove the stale shard or fix model.safetensors.index.json"
+    )]
+    DuplicateTensor {
+        /// The tensor's name.
+        name: String,
+        /// The first file holding it.
+        first: PathBuf,
+        /// The second file holding it.
+        second: PathBuf,
+    },
+    /// Tensors the family does not use: the config does not describe the checkpoint.
+    #[error(
+        "{count} tensor(s) of the checkpoint are not used by family `{family}`: {names}; \
+         config.json does not describe these weights (a wrong `architectures`/`model_type`, \
+         `num_hidden_layers` or bias flag?): fix config.json, or load with \
+         `--allow-unused-tensors` to ignore them"
+    )]
+    UnusedTensors {
+        /// The family that was loading.
+        family: &'static str,
+        /// How many were left.
+        count: usize,
+        /// The first few names, comma separated.
+        names: String,
+    },
     /// A safetensors file has a corrupt or inconsistent header.
     #[error("{path}: corrupt safetensors file: {message}")]
     Safetensors {

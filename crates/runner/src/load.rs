@@ -1,4 +1,5 @@
-//! Loading a model folder: config, weights, tokenizer, family; and `info` without loading.
+//! Loading a model folder: config, weights, tokenizer, family; and `info`,
+//! which validates the same way without reading tensor data.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -6,11 +7,13 @@ use std::path::Path;
 use mlx_tensor::Dtype;
 
 use crate::config::{GenerationConfig, ModelConfig};
-use crate::error::Result;
-use crate::model::{Model, lookup};
+use crate::error::{Error, Result};
+use crate::model::{Family, Model, resolve};
 use crate::models::layers::LinearLayout;
+use crate::models::trunk_ends::{MLX_DROPPED_MTP, unused};
+use crate::mtp::MtpLayout;
 use crate::tokenizer::Tokenizer;
-use crate::weights::{Weights, validate_header, weight_files};
+use crate::weights::Weights;
 
 /// How to load.
 #[derive(Debug, Clone, Copy)]
@@ -19,6 +22,10 @@ pub struct LoadOptions {
     pub dtype: Dtype,
     /// Linear weight layout.
     pub layout: LinearLayout,
+    /// Load even when the checkpoint holds tensors the family does not use
+    /// (by default an error naming them: the config would not describe the
+    /// weights, and the output would be silently wrong).
+    pub allow_unused_tensors: bool,
 }
 
 impl Default for LoadOptions {
@@ -26,6 +33,7 @@ impl Default for LoadOptions {
         LoadOptions {
             dtype: Dtype::Float32,
             layout: LinearLayout::DEFAULT,
+            allow_unused_tensors: false,
         }
     }
 }
@@ -49,19 +57,13 @@ pub fn load(
     opts: LoadOptions,
     progress: impl FnMut(usize, usize),
 ) -> Result<LoadedModel> {
-    let config = ModelConfig::load(dir)?;
-    let family = lookup(&config)?;
+    let (family, config) = resolve(dir)?;
     let generation_config = GenerationConfig::load(dir)?;
     let tokenizer = Tokenizer::load(dir, &config, &generation_config)?;
     let mut weights = Weights::load(dir, opts.dtype, progress)?;
-    let info = ModelInfo::from_parts(
-        family.name,
-        &config,
-        weights.all_names(),
-        weights.parameter_count(),
-        weights.source_dtypes().clone(),
-    );
+    let info = ModelInfo::from_parts(family.name, &config, &weights);
     let model = (family.build)(&config, &mut weights, opts.layout)?;
+    check_unused(family, &weights, opts.allow_unused_tensors)?;
     tracing::info!(
         family = family.name,
         params = info.parameter_count,
@@ -75,6 +77,33 @@ pub fn load(
     })
 }
 
+/// Fails when tensors are left over after the family took its own.
+fn check_unused(family: &Family, w: &Weights, allow: bool) -> Result<()> {
+    let left = unused(w);
+    if left.is_empty() {
+        return Ok(());
+    }
+    if allow {
+        tracing::warn!(count = left.len(), first = %left[0], "unused tensors in checkpoint (allowed)");
+        return Ok(());
+    }
+    const SHOWN: usize = 5;
+    let mut names = left
+        .iter()
+        .take(SHOWN)
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if left.len() > SHOWN {
+        names += &format!(" and {} more", left.len() - SHOWN);
+    }
+    Err(Error::UnusedTensors {
+        family: family.name,
+        count: left.len(),
+        names,
+    })
+}
+
 /// What a model folder holds, read from config.json and the safetensors headers only.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelInfo {
@@ -84,14 +113,22 @@ pub struct ModelInfo {
     pub architecture: String,
     /// `model_type`.
     pub model_type: String,
-    /// Elements over all tensors (MTP tensors included).
+    /// Elements over all tensors (MTP tensors included, vision towers not).
     pub parameter_count: usize,
     /// Tensor counts by stored dtype.
     pub dtypes: BTreeMap<String, usize>,
     /// True when the checkpoint carries MTP head tensors.
     pub mtp_head: bool,
+    /// The MTP head's tensor layout (`qwen3.5`, `deepseek-v3`, `mimo`), when there is one.
+    pub mtp_layout: Option<&'static str>,
     /// MTP layers declared in config.json.
     pub mtp_layers_declared: usize,
+    /// Why a declared head is absent, when the folder says (an mlx-lm conversion).
+    pub mtp_note: Option<&'static str>,
+    /// How the checkpoint wraps its text model (`transformers`, `transformers-multimodal`, `mlx-lm-multimodal`).
+    pub tensor_layout: &'static str,
+    /// Vision-tower tensors left out by the text-only runner: `(tensors, elements)`.
+    pub skipped: (usize, usize),
     /// Context length.
     pub context_length: usize,
     /// Decoder layers.
@@ -103,55 +140,38 @@ pub struct ModelInfo {
 }
 
 impl ModelInfo {
-    fn from_parts<'a>(
-        family: &str,
-        c: &ModelConfig,
-        names: impl Iterator<Item = &'a str>,
-        parameter_count: usize,
-        dtypes: BTreeMap<String, usize>,
-    ) -> ModelInfo {
-        let n = c.num_hidden_layers;
-        let eh = format!("model.layers.{n}.eh_proj");
-        let mtp_head = names.into_iter().any(|name| {
-            name.starts_with("mtp.fc.")
-                || name.starts_with(&eh)
-                || name.starts_with("model.mtp_layers.0.input_proj")
-        });
+    fn from_parts(family: &str, c: &ModelConfig, w: &Weights) -> ModelInfo {
+        let layout = MtpLayout::detect(c, |name| w.stored_shape(name).is_some());
+        let mlx = w.layout().mlx_converted || w.quantization().is_some();
         ModelInfo {
             family: family.to_owned(),
             architecture: c.architecture.clone(),
             model_type: c.model_type.clone(),
-            parameter_count,
-            dtypes,
-            mtp_head,
+            parameter_count: w.parameter_count(),
+            dtypes: w.source_dtypes().clone(),
+            mtp_head: layout.is_some(),
+            mtp_layout: layout.map(MtpLayout::name),
             mtp_layers_declared: c.mtp_layers,
+            mtp_note: (layout.is_none() && c.mtp_layers > 0 && mlx).then_some(MLX_DROPPED_MTP),
+            tensor_layout: w.layout().name,
+            skipped: w.skipped(),
             context_length: c.max_position_embeddings,
-            layers: n,
+            layers: c.num_hidden_layers,
             hidden_size: c.hidden_size,
             vocab_size: c.vocab_size,
         }
     }
 }
 
-/// Reads `info` from config.json and the validated safetensors headers (no weights loaded).
+/// Reads `info` from config.json and the validated safetensors headers: no
+/// tensor data is read, but the family's loader runs over placeholders of
+/// the stored shapes, so every name and shape is checked and `info` fails
+/// exactly where loading would (unused tensors included).
 pub fn inspect(dir: &Path) -> Result<ModelInfo> {
-    let config = ModelConfig::load(dir)?;
-    let family = lookup(&config)?;
-    let mut names = Vec::new();
-    let mut count = 0usize;
-    let mut dtypes = BTreeMap::new();
-    for f in weight_files(dir)? {
-        for (name, e) in validate_header(&f)? {
-            count += e.shape.iter().product::<usize>();
-            *dtypes.entry(e.dtype).or_insert(0) += 1;
-            names.push(name);
-        }
-    }
-    Ok(ModelInfo::from_parts(
-        family.name,
-        &config,
-        names.iter().map(String::as_str),
-        count,
-        dtypes,
-    ))
+    let (family, config) = resolve(dir)?;
+    let mut weights = Weights::from_headers(dir, Dtype::Float32)?;
+    let info = ModelInfo::from_parts(family.name, &config, &weights);
+    (family.build)(&config, &mut weights, LinearLayout::DEFAULT)?;
+    check_unused(family, &weights, false)?;
+    Ok(info)
 }

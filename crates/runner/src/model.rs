@@ -65,7 +65,8 @@ pub struct Family {
     pub build: Build,
 }
 
-/// Every registered family. Adding one is a line here, nothing in the generation loop.
+/// Every registered family. Adding one is a file under `models/` and a row
+/// here, nothing in the generation loop.
 pub const FAMILIES: &[Family] = &[
     Family {
         name: "llama",
@@ -77,7 +78,7 @@ pub const FAMILIES: &[Family] = &[
         name: "mistral",
         architectures: &["MistralForCausalLM"],
         model_types: &["mistral"],
-        build: crate::models::llama::build_llama,
+        build: crate::models::llama::build_mistral,
     },
     Family {
         name: "qwen2",
@@ -92,6 +93,12 @@ pub const FAMILIES: &[Family] = &[
         build: crate::models::llama::build_qwen3,
     },
     Family {
+        name: "mimo",
+        architectures: &["MiMoForCausalLM"],
+        model_types: &["mimo"],
+        build: crate::models::llama::build_qwen2,
+    },
+    Family {
         name: "qwen3_5",
         architectures: &["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"],
         model_types: &["qwen3_5", "qwen3_5_text"],
@@ -99,23 +106,107 @@ pub const FAMILIES: &[Family] = &[
     },
 ];
 
-/// The family for `config`: by `architectures[0]`, else by `model_type`.
-pub fn lookup(config: &ModelConfig) -> Result<&'static Family> {
+/// Architectures recognised but not implemented, with what they need
+/// (`architectures[0]`, `model_type`, what is missing).
+pub const UNSUPPORTED: &[(&str, &str, &str)] = &[
+    (
+        "Qwen3_5MoeForConditionalGeneration",
+        "qwen3_5_moe",
+        "mixture-of-experts MLP layers (sparse experts and a shared expert)",
+    ),
+    (
+        "Qwen3_5MoeForCausalLM",
+        "qwen3_5_moe_text",
+        "mixture-of-experts MLP layers (sparse experts and a shared expert)",
+    ),
+    (
+        "Qwen3NextForCausalLM",
+        "qwen3_next",
+        "mixture-of-experts MLP layers and fused Gated DeltaNet projections",
+    ),
+    (
+        "Qwen3MoeForCausalLM",
+        "qwen3_moe",
+        "mixture-of-experts MLP layers",
+    ),
+    (
+        "Qwen2MoeForCausalLM",
+        "qwen2_moe",
+        "mixture-of-experts MLP layers",
+    ),
+    (
+        "MixtralForCausalLM",
+        "mixtral",
+        "mixture-of-experts MLP layers",
+    ),
+    (
+        "Glm4MoeForCausalLM",
+        "glm4_moe",
+        "mixture-of-experts MLP layers with grouped sigmoid routing",
+    ),
+    (
+        "DeepseekV3ForCausalLM",
+        "deepseek_v3",
+        "multi-head latent attention (MLA) and mixture-of-experts layers",
+    ),
+    (
+        "Glm4MoeLiteForCausalLM",
+        "glm4_moe_lite",
+        "multi-head latent attention (MLA) and mixture-of-experts layers",
+    ),
+];
+
+fn known() -> String {
     FAMILIES
         .iter()
-        .find(|f| f.architectures.contains(&config.architecture.as_str()))
-        .or_else(|| {
-            FAMILIES
-                .iter()
-                .find(|f| f.model_types.contains(&config.model_type.as_str()))
-        })
+        .flat_map(|f| f.architectures.iter().copied())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The family for an architecture and model type: by `architectures[0]`,
+/// else by `model_type`; a recognised but unimplemented one is
+/// [`Error::UnsupportedArchitecture`].
+pub fn lookup_names(architecture: &str, model_type: &str) -> Result<&'static Family> {
+    if let Some(f) = FAMILIES
+        .iter()
+        .find(|f| f.architectures.contains(&architecture))
+    {
+        return Ok(f);
+    }
+    if let Some(&(_, _, needs)) = UNSUPPORTED
+        .iter()
+        .find(|(a, m, _)| *a == architecture || *m == model_type)
+    {
+        return Err(Error::UnsupportedArchitecture {
+            architecture: architecture.to_owned(),
+            model_type: model_type.to_owned(),
+            needs,
+            known: known(),
+        });
+    }
+    FAMILIES
+        .iter()
+        .find(|f| f.model_types.contains(&model_type))
         .ok_or_else(|| Error::UnknownArchitecture {
-            architecture: config.architecture.clone(),
-            model_type: config.model_type.clone(),
-            known: FAMILIES
-                .iter()
-                .flat_map(|f| f.architectures.iter().copied())
-                .collect::<Vec<_>>()
-                .join(", "),
+            architecture: architecture.to_owned(),
+            model_type: model_type.to_owned(),
+            known: known(),
         })
+}
+
+/// The family for `config`: by `architectures[0]`, else by `model_type`.
+pub fn lookup(config: &ModelConfig) -> Result<&'static Family> {
+    lookup_names(&config.architecture, &config.model_type)
+}
+
+/// Reads `dir/config.json`, finds its family first (so an unsupported
+/// architecture is named before any key its config lacks), then validates
+/// the config.
+pub fn resolve(dir: &std::path::Path) -> Result<(&'static Family, ModelConfig)> {
+    let (value, path) = ModelConfig::read_value(dir)?;
+    let (architecture, model_type) = ModelConfig::identify(&value);
+    let family = lookup_names(&architecture, &model_type)?;
+    let config = ModelConfig::from_value(value, &path)?;
+    Ok((family, config))
 }

@@ -7,4 +7,6 @@ pub mod layers;
 pub mod llama;
 pub mod qwen3_5;
 pub mod rope;
+pub mod sdpa;
+pub(crate) mod skinny;
 pub(crate) mod trunk_ends;

@@ -29,23 +29,17 @@
 
 mod trie;
 
-pub use trie::{Found, NodeId, Trie};
-
-use kvcache::{Cache, Snapshot};
+pub(crate) use trie::Trie;
 
 use crate::error::{Error, Result};
-use crate::generate::Session;
-use crate::reuse::common_prefix;
-
-/// Default byte budget of a [`PrefixCache`]: 256 MiB.
-pub const DEFAULT_BUDGET: usize = 256 << 20;
+use crate::session::{AtRest, Session, common_prefix};
 
 /// The trie keys of `tokens`: the tokens themselves for look-ahead 0, the
 /// `len - 1` pairs `token[i] << 32 | token[i + 1]` for look-ahead 1.
 ///
 /// # Panics
 /// For a look-ahead above 1 (no drafter has one).
-pub fn keys(tokens: &[u32], lookahead: usize) -> Vec<u64> {
+pub(crate) fn keys(tokens: &[u32], lookahead: usize) -> Vec<u64> {
     match lookahead {
         0 => tokens.iter().map(|&t| u64::from(t)).collect(),
         1 => tokens
@@ -102,40 +96,18 @@ impl Layout {
     }
 }
 
-/// One session's caches at rest.
-#[derive(Debug)]
-struct Entry {
-    /// Committed tokens `C`: the target snapshots stand at `C`, the draft
-    /// snapshots at `C - 1`.
-    tokens: usize,
-    target: Vec<Snapshot>,
-    draft: Vec<Snapshot>,
-    /// Every snapshot restores to any lower offset (all full attention).
-    sliceable: bool,
-    /// The target captures at `tokens - 1` (recurrent caches only), for the
-    /// MTP boundary re-run after a restore; `None` when not taken.
-    back: Option<Vec<Option<Snapshot>>>,
-}
-
-impl Entry {
-    /// Whether this entry can put a session at `n` committed tokens; a
-    /// session with look-ahead also needs the point one token back.
-    fn restores_to(&self, n: usize, lookahead: usize) -> bool {
-        n <= self.tokens
-            && (self.sliceable
-                || (n == self.tokens && (lookahead == 0 || n <= 1 || self.back.is_some())))
-    }
-}
-
 /// Prompt prefixes cached across requests (see the module docs).
 #[derive(Debug)]
 pub struct PrefixCache {
-    trie: Trie<Entry>,
+    trie: Trie<AtRest>,
     budget: usize,
     layout: Option<Layout>,
 }
 
 impl PrefixCache {
+    /// A default byte budget: 256 MiB.
+    pub const DEFAULT_BUDGET: usize = 256 << 20;
+
     /// An empty cache holding at most `budget` bytes of snapshots.
     pub fn new(budget: usize) -> PrefixCache {
         PrefixCache {
@@ -200,42 +172,9 @@ impl PrefixCache {
         if keys.is_empty() {
             return Ok(false);
         }
-        let level = Session::draft_level(tokens);
-        for (i, c) in session.draft_caches().iter().enumerate() {
-            assert_eq!(
-                c.offset(),
-                level,
-                "draft cache {i} at {} with {tokens} committed tokens",
-                c.offset()
-            );
-        }
-        let snap = |cs: &[Box<dyn Cache>]| -> Result<Vec<Snapshot>> {
-            Ok(cs.iter().map(|c| c.snapshot()).collect::<Result<_, _>>()?)
-        };
-        let sliceable = session
-            .caches()
-            .iter()
-            .chain(session.draft_caches())
-            .all(|c| c.kind() == "KvCache");
-        let back = if sliceable {
-            None
-        } else {
-            session.back_point(tokens.saturating_sub(1))?
-        };
-        let entry = Entry {
-            tokens,
-            target: snap(session.caches())?,
-            draft: snap(session.draft_caches())?,
-            sliceable,
-            back,
-        };
-        let arrays: Vec<_> = entry
-            .target
-            .iter()
-            .chain(&entry.draft)
-            .chain(entry.back.iter().flatten().flatten())
-            .flat_map(Snapshot::arrays)
-            .collect();
+        let entry = session.at_rest()?;
+        let sliceable = entry.sliceable;
+        let arrays = entry.arrays();
         mlx_tensor::eval(&arrays)?;
         let bytes = arrays.iter().map(|a| a.nbytes()).sum::<usize>();
         if bytes > self.budget {
@@ -301,7 +240,7 @@ impl PrefixCache {
             });
         };
         let entry = self.trie.get(node).expect("candidate has an entry");
-        restore(session, entry, &prompt[..n])?;
+        session.restore(entry, &prompt[..n])?;
         self.trie.touch(node);
         tracing::debug!(tokens = n, live, "prefix restored");
         Ok(Reuse {
@@ -310,42 +249,4 @@ impl PrefixCache {
             source: ReuseSource::Stored,
         })
     }
-}
-
-/// Restores every cache of `session` from `entry` to hold `tokens`.
-fn restore(session: &mut Session<'_>, entry: &Entry, tokens: &[u32]) -> Result<()> {
-    let n = tokens.len();
-    let level = Session::draft_level(n);
-    put(&mut session.caches, &entry.target, n)?;
-    put(session.draft_caches_mut(), &entry.draft, level)?;
-    session.committed = tokens.to_vec();
-    match &entry.back {
-        // A recurrent entry restores at its own end only: n is its length.
-        Some(back) if n > 0 => session.points.install(n - 1, back, tokens)?,
-        _ => session.points.clear(),
-    }
-    session.offset();
-    Ok(())
-}
-
-/// Restores each cache from its snapshot to `offset`.
-fn put(caches: &mut [Box<dyn Cache>], snaps: &[Snapshot], offset: usize) -> Result<()> {
-    assert_eq!(
-        caches.len(),
-        snaps.len(),
-        "{} caches but {} snapshots",
-        caches.len(),
-        snaps.len()
-    );
-    for (layer, (c, s)) in caches.iter_mut().zip(snaps).enumerate() {
-        if !c.restore(Some(s), offset)? {
-            return Err(kvcache::Error::SnapshotMissing {
-                offset,
-                layer,
-                cache_offset: c.offset(),
-            }
-            .into());
-        }
-    }
-    Ok(())
 }

@@ -1,12 +1,26 @@
 //! Statistics of speculative decoding, reported under `speculation` in `--json`.
 
-use crate::speculate::RoundOutcome;
+use crate::drafter::DraftMethod;
+
+/// What one round did.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RoundOutcome {
+    /// Draft tokens proposed (0 for a plain step).
+    pub(crate) drafted: usize,
+    /// Draft tokens accepted.
+    pub(crate) accepted: usize,
+    /// Tokens to emit, in order: the accepted drafts, then the next token;
+    /// cut after an end-of-sequence token.
+    pub(crate) emitted: Vec<u32>,
+    /// Wall time of the round in seconds.
+    pub(crate) seconds: f64,
+}
 
 /// Figures of one speculative generation.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SpecStats {
-    /// The drafter: `mtp`, `draft-model` or `ngram` (`off` when speculation was not used).
-    pub method: String,
+    /// The drafter.
+    pub method: DraftMethod,
     /// Rounds run (plain steps included).
     pub rounds: usize,
     /// Draft tokens proposed.
@@ -25,15 +39,21 @@ pub struct SpecStats {
 
 impl SpecStats {
     /// Empty statistics for `method`.
-    pub fn new(method: &str) -> SpecStats {
+    pub fn new(method: DraftMethod) -> SpecStats {
         SpecStats {
-            method: method.to_owned(),
-            ..SpecStats::default()
+            method,
+            rounds: 0,
+            drafted: 0,
+            accepted: 0,
+            emitted: 0,
+            drafted_at: Vec::new(),
+            accepted_at: Vec::new(),
+            depth_over_time: Vec::new(),
         }
     }
 
     /// Adds one round.
-    pub fn record(&mut self, round: &RoundOutcome) {
+    pub(crate) fn record(&mut self, round: &RoundOutcome) {
         self.rounds += 1;
         self.drafted += round.drafted;
         self.accepted += round.accepted;
@@ -105,7 +125,7 @@ mod tests {
 
     #[test]
     fn figures_follow_the_rounds() {
-        let mut s = SpecStats::new("mtp");
+        let mut s = SpecStats::new(DraftMethod::Mtp);
         s.record(&round(3, 3));
         s.record(&round(3, 1));
         s.record(&round(0, 0));
@@ -115,6 +135,9 @@ mod tests {
         assert!((s.mean_accepted_length() - 7.0 / 3.0).abs() < 1e-12);
         assert_eq!(s.depth_over_time, vec![3, 3, 0]);
         assert_eq!(s.depth_histogram(), vec![1, 0, 0, 2]);
-        assert_eq!(SpecStats::new("mtp").depth_histogram(), Vec::<usize>::new());
+        assert_eq!(
+            SpecStats::new(DraftMethod::Mtp).depth_histogram(),
+            Vec::<usize>::new()
+        );
     }
 }

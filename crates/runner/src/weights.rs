@@ -14,6 +14,12 @@ use serde::Deserialize;
 use crate::error::{Error, Result, read_json};
 use crate::quant::{QuantConfig, QuantizedTensor};
 
+mod layout;
+mod vars;
+
+pub use layout::TensorLayout;
+pub use vars::Vars;
+
 /// The largest header accepted (the same limit as the `safetensors` crate).
 const MAX_HEADER: u64 = 100_000_000;
 
@@ -207,11 +213,39 @@ pub struct Weights {
     tensors: HashMap<String, Array>,
     /// Tensors per source dtype name, for `info`.
     source_dtypes: BTreeMap<String, usize>,
-    /// Elements per tensor name (all tensors, including ones never taken).
-    elements: BTreeMap<String, usize>,
+    /// Stored shape per tensor name (all tensors, including ones never taken).
+    shapes: BTreeMap<String, Vec<usize>>,
     dtype: Dtype,
     /// The `quantization` block of config.json, when the checkpoint is quantized.
     quant: Option<QuantConfig>,
+    /// How the text model is wrapped (see [`TensorLayout`]).
+    layout: TensorLayout,
+    /// Tensors of towers a text model does not read (vision), left unloaded:
+    /// `(count, elements)`.
+    skipped: (usize, usize),
+    /// Header placeholders instead of data: the load validates names and
+    /// shapes only (`info`).
+    dry: bool,
+}
+
+/// The header entries of every file of `dir`, checking that no tensor is in two files.
+fn headers(files: &[PathBuf]) -> Result<Vec<(PathBuf, BTreeMap<String, TensorEntry>)>> {
+    let mut seen: HashMap<String, PathBuf> = HashMap::new();
+    let mut out = Vec::with_capacity(files.len());
+    for path in files {
+        let entries = validate_header(path)?;
+        for name in entries.keys() {
+            if let Some(first) = seen.insert(name.clone(), path.clone()) {
+                return Err(Error::DuplicateTensor {
+                    name: name.clone(),
+                    first,
+                    second: path.clone(),
+                });
+            }
+        }
+        out.push((path.clone(), entries));
+    }
+    Ok(out)
 }
 
 impl Weights {
@@ -220,24 +254,47 @@ impl Weights {
     /// Packed `uint32` weights of a quantized checkpoint (see [`crate::quant`])
     /// are kept as they are; their scales and biases become `dtype` like every
     /// other float tensor. `progress(done, total)` is called after each file is
-    /// materialised.
-    pub fn load(
+    /// materialised. A tensor stored in two shard files is an error naming both;
+    /// vision-tower tensors ([`TensorLayout::skips`]) are not loaded.
+    pub fn load(dir: &Path, dtype: Dtype, progress: impl FnMut(usize, usize)) -> Result<Weights> {
+        Self::read(dir, dtype, false, progress)
+    }
+
+    /// The checkpoint's headers as zero-cost placeholders of the stored shapes
+    /// and dtypes: a family's loader run over them checks every name and shape
+    /// without reading tensor data (what `info` does).
+    pub fn from_headers(dir: &Path, dtype: Dtype) -> Result<Weights> {
+        Self::read(dir, dtype, true, |_, _| {})
+    }
+
+    fn read(
         dir: &Path,
         dtype: Dtype,
+        dry: bool,
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Weights> {
-        let files = weight_files(dir)?;
+        let files = headers(&weight_files(dir)?)?;
+        let layout =
+            TensorLayout::detect(files.iter().flat_map(|(_, e)| e.keys().map(String::as_str)));
         let mut w = Weights {
             tensors: HashMap::new(),
             source_dtypes: BTreeMap::new(),
-            elements: BTreeMap::new(),
+            shapes: BTreeMap::new(),
             dtype,
             quant: QuantConfig::load(dir)?,
+            layout,
+            skipped: (0, 0),
+            dry,
         };
         let mut packed = Vec::new();
-        for (i, path) in files.iter().enumerate() {
-            let entries = validate_header(path)?;
+        let total = files.len();
+        for (i, (path, entries)) in files.into_iter().enumerate() {
             for (name, e) in &entries {
+                if TensorLayout::skips(name) {
+                    w.skipped.0 += 1;
+                    w.skipped.1 += e.shape.iter().product::<usize>();
+                    continue;
+                }
                 if e.dtype == "U32" && name.ends_with(".weight") {
                     packed.push(name.clone());
                 } else if !matches!(e.dtype.as_str(), "F32" | "F16" | "BF16") {
@@ -247,13 +304,32 @@ impl Weights {
                     });
                 }
                 *w.source_dtypes.entry(e.dtype.clone()).or_default() += 1;
-                w.elements
-                    .insert(name.clone(), e.shape.iter().product::<usize>());
+                w.shapes.insert(name.clone(), e.shape.clone());
             }
-            let file = mlx_tensor::io::load_safetensors(path)?;
+            if dry {
+                for (name, e) in &entries {
+                    if TensorLayout::skips(name) {
+                        continue;
+                    }
+                    let stored = if e.dtype == "U32" {
+                        Dtype::Uint32
+                    } else {
+                        dtype
+                    };
+                    let shape: Vec<i32> = e.shape.iter().map(|&d| d as i32).collect();
+                    // A broadcast scalar: the shape and dtype, no buffer.
+                    let a = Array::scalar(0.0, stored)?.broadcast_to(&shape)?;
+                    w.tensors.insert(name.clone(), a);
+                }
+                continue;
+            }
+            let file = mlx_tensor::io::load_safetensors(&path)?;
             let mut converted = Vec::with_capacity(file.tensors.len());
             let mut sources = Vec::with_capacity(file.tensors.len());
             for (name, a) in file.tensors {
+                if TensorLayout::skips(&name) {
+                    continue;
+                }
                 let c = if a.dtype() == dtype || !a.dtype().is_float() {
                     a.clone()
                 } else {
@@ -265,9 +341,16 @@ impl Weights {
             }
             mlx_tensor::eval(&converted)?;
             check_finite(&sources, &converted, dtype)?;
-            progress(i + 1, files.len());
+            progress(i + 1, total);
         }
         w.check_packed(&packed)?;
+        if w.skipped.0 > 0 {
+            tracing::info!(
+                tensors = w.skipped.0,
+                params = w.skipped.1,
+                "vision tower left out (text-only runner)"
+            );
+        }
         Ok(w)
     }
 
@@ -298,19 +381,26 @@ impl Weights {
 
     /// Wraps in-memory tensors (tests and checkpoint writers).
     pub fn from_map(tensors: HashMap<String, Array>, dtype: Dtype) -> Weights {
-        let elements = tensors.iter().map(|(k, v)| (k.clone(), v.size())).collect();
+        let shapes = tensors
+            .iter()
+            .map(|(k, v)| (k.clone(), v.shape().iter().map(|&d| d as usize).collect()))
+            .collect();
         let mut source_dtypes = BTreeMap::new();
         for a in tensors.values() {
             *source_dtypes
                 .entry(a.dtype().safetensors_name().to_owned())
                 .or_default() += 1;
         }
+        let layout = TensorLayout::detect(tensors.keys().map(String::as_str));
         Weights {
             tensors,
             source_dtypes,
-            elements,
+            shapes,
             dtype,
             quant: None,
+            layout,
+            skipped: (0, 0),
+            dry: false,
         }
     }
 
@@ -335,13 +425,38 @@ impl Weights {
         self.tensors.contains_key(name)
     }
 
+    /// The stored shape of `name` (taken or not), from the header.
+    pub fn stored_shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.shapes.get(name).cloned()
+    }
+
+    /// How the checkpoint wraps its text model.
+    pub fn layout(&self) -> &TensorLayout {
+        &self.layout
+    }
+
+    /// Vision-tower tensors left out: `(tensors, elements)`.
+    pub fn skipped(&self) -> (usize, usize) {
+        self.skipped
+    }
+
+    /// True when the tensors are header placeholders ([`Weights::from_headers`]).
+    pub fn is_dry(&self) -> bool {
+        self.dry
+    }
+
+    /// The view of the whole checkpoint at `prefix`.
+    pub fn vars(&mut self, prefix: &str) -> Vars<'_> {
+        Vars::new(self, prefix)
+    }
+
     /// Removes and returns `name`, checking its shape.
     pub fn take(&mut self, name: &str, expected: &[i32]) -> Result<Array> {
         match self.take_optional(name, expected)? {
             Some(a) => Ok(a),
             None => Err(Error::MissingTensor {
                 name: name.to_owned(),
-                count: self.elements.len(),
+                count: self.shapes.len(),
             }),
         }
     }
@@ -357,6 +472,10 @@ impl Weights {
         {
             let q = self.take_quantized(module, out as usize, input as usize)?;
             return match q {
+                // No data to dequantize: a placeholder of the dense shape.
+                Some(_) if self.dry => Ok(Some(
+                    Array::scalar(0.0, self.dtype)?.broadcast_to(expected)?,
+                )),
                 Some(q) => Ok(Some(q.dequantize()?.as_type(self.dtype)?)),
                 None => Ok(None),
             };
@@ -422,7 +541,7 @@ impl Weights {
             name: name.to_owned(),
             count,
         };
-        let count = self.elements.len();
+        let count = self.shapes.len();
         let weight = self
             .take_stored(&weight_name, &params.packed_shape(out, input))?
             .ok_or_else(|| missing(&weight_name, count))?;
@@ -458,14 +577,17 @@ impl Weights {
         v
     }
 
-    /// Names of every tensor in the checkpoint, sorted.
+    /// Names of every tensor in the checkpoint (vision towers left out), sorted.
     pub fn all_names(&self) -> impl Iterator<Item = &str> {
-        self.elements.keys().map(String::as_str)
+        self.shapes.keys().map(String::as_str)
     }
 
-    /// Total elements over all tensors in the checkpoint.
+    /// Total elements over all tensors in the checkpoint (vision towers left out).
     pub fn parameter_count(&self) -> usize {
-        self.elements.values().sum()
+        self.shapes
+            .values()
+            .map(|s| s.iter().product::<usize>())
+            .sum()
     }
 
     /// Tensor counts by source dtype name.

@@ -18,10 +18,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use tokio::sync::mpsc::UnboundedSender;
 
-use runner::chat::Message;
-use runner::conversation::END_OF_TURN;
-use runner::prefix::PrefixCache;
-use runner::{FinishReason, GenerateOptions, Generation, Session, Tokenizer};
+use runner::Message;
+use runner::PrefixCache;
+use runner::{
+    Conversation, FinishReason, GenerateOptions, Generation, Model, Session, Speculation, Tokenizer,
+};
 
 use super::error::ApiError;
 use super::metrics::Metrics;
@@ -244,16 +245,13 @@ struct Tokenizers {
 }
 
 impl Tokenizers {
-    fn new(tok: &Tokenizer) -> Tokenizers {
-        // The chat template's end-of-turn token ends a reply, as in `chat`.
-        let chat = tok.chat_template().ok().map(|template| {
-            let ends: Vec<u32> = END_OF_TURN
-                .iter()
-                .filter(|t| template.contains(*t))
-                .filter_map(|t| tok.inner().token_to_id(t))
-                .collect();
-            tok.with_extra_eos(&ends)
-        });
+    fn new(model: &dyn Model, tok: &Tokenizer) -> Tokenizers {
+        // The chat template's end-of-turn token ends a reply, as in `chat`:
+        // a conversation knows which one (a plain session costs no weights).
+        let chat = Session::open(model, Speculation::Off, None)
+            .and_then(|s| Conversation::new(s, tok, None, 0))
+            .ok()
+            .map(|c| c.tokenizer().clone());
         Tokenizers {
             plain: tok.clone(),
             chat,
@@ -543,18 +541,18 @@ fn engine_main(
             return;
         }
     };
-    let session = match crate::open_session_with(a, &m, draft.as_ref()) {
+    let session = match crate::open_session(a, &m, draft.as_ref()) {
         Ok(s) => s,
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
-    let tokenizers = Tokenizers::new(&m.tokenizer);
+    let tokenizers = Tokenizers::new(m.model.as_ref(), &m.tokenizer);
     let card = ModelCard {
         id: config.model_id.clone(),
         context_length: m.model.context_length(),
-        speculation: session.drafter_method().unwrap_or("off"),
+        speculation: session.drafter_method().map_or("off", |d| d.as_str()),
         chat: tokenizers.chat.is_some(),
     };
     let defaults = crate::generate_options(a, &m.generation_config);
@@ -628,8 +626,7 @@ impl<'m> Worker<'m> {
                     // The caches may be mid-update: start over from empty ones.
                     tracing::error!("request failed: {e:#}");
                     self.cache.clear();
-                    if let Ok(s) =
-                        crate::open_session_with(&self.config.decode, self.model, self.draft)
+                    if let Ok(s) = crate::open_session(&self.config.decode, self.model, self.draft)
                     {
                         self.session = s;
                     }
@@ -647,7 +644,7 @@ impl<'m> Worker<'m> {
         let cached = if self.config.prefix_reuse {
             self.cache.prepare(&mut self.session, &p.prompt)?.tokens
         } else {
-            self.session = crate::open_session_with(&self.config.decode, self.model, self.draft)?;
+            self.session = crate::open_session(&self.config.decode, self.model, self.draft)?;
             0
         };
         let events = &job.events;
@@ -685,7 +682,7 @@ fn outcome(
         FinishReason::Cancelled => Finish::Cancelled,
     };
     let spec_counts = g.speculation.as_ref().map(|s| SpecCounts {
-        method: s.method.clone(),
+        method: s.method.as_str().to_owned(),
         drafts: s.depth_over_time.iter().filter(|&&d| d > 0).count() as u64,
         draft_tokens: s.drafted as u64,
         accepted_tokens: s.accepted as u64,

@@ -75,6 +75,7 @@ pub(super) fn normalise(value: Value) -> Value {
 }
 
 /// The hybrid config when `raw` declares linear-attention layers, else `None`.
+// Long: one check per hybrid key, each naming the key in its error.
 pub(super) fn parse(raw: &RawConfig, path: &Path) -> Result<Option<HybridConfig>> {
     let bad = |key: &'static str, message: String| Error::InvalidConfig {
         path: path.to_owned(),

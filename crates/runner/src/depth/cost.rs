@@ -173,6 +173,7 @@ impl CostModel {
     /// The modelled cost of a depth-`depth` round: at 0 the plain median (or
     /// the line's intercept before plain was measured) plus the upkeep, else
     /// the line.
+    #[cfg(test)]
     pub(crate) fn cost(&self, depth: usize) -> Option<f64> {
         self.costs().get(depth).copied().flatten()
     }

@@ -13,8 +13,7 @@ use std::path::Path;
 
 use kvcache::{Cache, restore_all};
 use mlx_tensor::{Array, Dtype, ops};
-use mtp_draft::{DraftSampling, Proposal};
-use sampler::Distribution;
+use mtp_draft::{DraftChain, DraftSampling, Proposal};
 
 use crate::config::{GenerationConfig, ModelConfig};
 use crate::error::{Error, Result};
@@ -26,7 +25,7 @@ use crate::tokenizer::Tokenizer;
 const CATCH_UP_CHUNK: usize = 512;
 
 /// A draft model's per-session state.
-pub struct ModelDrafter<'m> {
+pub(crate) struct ModelDrafter<'m> {
     model: &'m dyn Model,
     /// The target's vocabulary size, which proposal rows must have.
     target_vocab: usize,
@@ -54,7 +53,7 @@ impl std::fmt::Debug for ModelDrafter<'_> {
 
 impl<'m> ModelDrafter<'m> {
     /// A drafter with empty caches proposing for a target of `target_vocab` tokens.
-    pub fn new(model: &'m dyn Model, target_vocab: usize) -> ModelDrafter<'m> {
+    pub(crate) fn new(model: &'m dyn Model, target_vocab: usize) -> ModelDrafter<'m> {
         ModelDrafter {
             model,
             target_vocab,
@@ -65,18 +64,13 @@ impl<'m> ModelDrafter<'m> {
         }
     }
 
-    /// The draft model.
-    pub fn model(&self) -> &'m dyn Model {
-        self.model
-    }
-
     /// The draft caches' offset (committed prefix plus any speculative tail).
-    pub fn cache_offset(&self) -> usize {
+    pub(crate) fn cache_offset(&self) -> usize {
         self.caches.first().map_or(0, |c| c.offset())
     }
 
     /// Committed tokens the drafter knows (forwarded or pending).
-    pub fn level(&self) -> usize {
+    pub(crate) fn level(&self) -> usize {
         self.cached.len() + self.pending.len()
     }
 
@@ -161,34 +155,17 @@ impl<'m> ModelDrafter<'m> {
         self.cached.extend_from_slice(&input[..input.len() - 1]);
         self.tail = 1;
 
-        let opts = sampling.options;
         let mut row = hidden.slice_axis(0, last.len() as i32 - 1, last.len() as i32)?;
-        let mut tokens = Vec::with_capacity(max_tokens);
-        let mut dists = Vec::with_capacity(max_tokens);
-        let mut chain: Vec<u32> = Vec::new();
+        let mut chain = DraftChain::new(sampling, max_tokens);
         for i in 0..max_tokens {
             let logits = self.fit_vocab(&self.model.unembed(&row)?)?;
-            let dist = Distribution::from_logits(&logits, opts, sampling.history, &chain)?;
-            let next = if opts.is_greedy() {
-                dist.probs().argmax(-1, false)?
-            } else {
-                dist.sample(&sampling.keys.next_key()?)?
-            };
-            if opts.uses_penalties() {
-                chain.push(next.item::<u32>()?);
-            }
+            let next = chain.step(&logits)?;
             if i + 1 < max_tokens {
                 row = self.model.forward(&next, &mut self.caches)?;
                 self.tail += 1;
             }
-            tokens.push(next);
-            dists.push(dist);
         }
-        Ok(Some(Proposal {
-            tokens: ops::concatenate(&tokens, 0)?,
-            len: max_tokens,
-            dist: Distribution::concatenate(&dists)?,
-        }))
+        Ok(Some(chain.finish()?))
     }
 
     /// Logits `[1, V_draft]` as `[1, V_target]`: extra rows dropped, missing
@@ -212,7 +189,7 @@ impl<'m> ModelDrafter<'m> {
 
 /// Checks that two tokenizers map text to the same ids: the same vocabulary
 /// size and the same id for every token (added tokens included).
-pub fn check_same_tokenizer(
+pub(crate) fn check_same_tokenizer(
     target: &Tokenizer,
     target_dir: &Path,
     draft: &Tokenizer,

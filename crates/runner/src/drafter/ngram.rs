@@ -35,25 +35,20 @@ impl Default for NgramOptions {
 
 /// The prompt-lookup drafter: stateless but for its options and the target's vocabulary.
 #[derive(Debug, Clone)]
-pub struct NgramDrafter {
+pub(crate) struct NgramDrafter {
     options: NgramOptions,
     vocab: usize,
 }
 
 impl NgramDrafter {
     /// A drafter proposing ids below `vocab` (the target's vocabulary size).
-    pub fn new(vocab: usize, options: NgramOptions) -> NgramDrafter {
+    pub(crate) fn new(vocab: usize, options: NgramOptions) -> NgramDrafter {
         NgramDrafter { options, vocab }
-    }
-
-    /// The options it searches with.
-    pub fn options(&self) -> NgramOptions {
-        self.options
     }
 
     /// Up to `max_tokens` drafts after `context` (committed tokens) then
     /// `current`, with one-hot distributions; `None` when nothing matches.
-    pub fn propose(
+    pub(crate) fn propose(
         &self,
         context: &[u32],
         current: u32,
@@ -84,7 +79,7 @@ impl NgramDrafter {
 /// The continuation (at most `max_tokens`) of the most recent earlier
 /// occurrence of the longest suffix of `tokens` that occurs earlier, trying
 /// suffix lengths `max_n` down to `min_n`; empty when none occurs.
-pub fn lookup(tokens: &[u32], options: NgramOptions, max_tokens: usize) -> Vec<u32> {
+pub(crate) fn lookup(tokens: &[u32], options: NgramOptions, max_tokens: usize) -> Vec<u32> {
     let len = tokens.len();
     if max_tokens == 0 {
         return Vec::new();

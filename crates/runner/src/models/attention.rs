@@ -2,13 +2,14 @@
 //! between its projections: per-head q/k RMSNorm, RoPE at the cache's offset,
 //! the cache update and mask, and scaled dot-product attention.
 
-use kvcache::Cache;
+use kvcache::{AttentionMask, Cache};
 use mlx_tensor::{Array, fast};
 
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::models::layers::RmsNorm;
 use crate::models::rope::Rope;
+use crate::models::sdpa::{self, Kernel};
 
 /// Head counts, scale and optional per-head q/k norms of one attention layer.
 #[derive(Debug, Clone)]
@@ -69,7 +70,29 @@ impl AttentionCore {
         // L > 1, so a chunk at offset > 0 sees the whole prefix; none for one query.
         let mask = cache.make_mask(l as usize)?;
         let (keys, values) = cache.update_and_fetch(&k, &v)?;
-        let o = fast::scaled_dot_product_attention(&q, &keys, &values, self.scale, mask.as_fast())?;
+        // The mask is causal for several rows of a full-attention cache (`None`
+        // for one row); a windowed cache hands out its own array mask, which
+        // only the fused kernel takes.
+        let causal = matches!(mask, AttentionMask::Causal);
+        let kernel = sdpa::choose(l, keys.dim(2), self.heads, q.dtype());
+        let o = match kernel {
+            Kernel::Explicit if causal => sdpa::explicit(&q, &keys, &values, self.scale)?,
+            Kernel::Padded if causal && cache.max_size().is_none() => {
+                match cache.state().as_slice() {
+                    [kb, vb] => sdpa::padded(&q, kb, vb, keys.dim(2), self.scale)?,
+                    _ => fast::scaled_dot_product_attention(
+                        &q,
+                        &keys,
+                        &values,
+                        self.scale,
+                        mask.as_fast(),
+                    )?,
+                }
+            }
+            _ => {
+                fast::scaled_dot_product_attention(&q, &keys, &values, self.scale, mask.as_fast())?
+            }
+        };
         Ok(o.transpose(&[0, 2, 1, 3])?
             .reshape(&[1, l, self.heads * self.head_dim])?)
     }

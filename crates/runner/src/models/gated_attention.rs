@@ -8,9 +8,9 @@ use mlx_tensor::Array;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::models::attention::AttentionCore;
-use crate::models::layers::{Linear, LinearLayout, Mlp, RmsNorm, pre_norm_block};
+use crate::models::layers::{Linear, LinearLayout, Mlp, RmsNorm, linear, pre_norm_block, rms_norm};
 use crate::models::rope::Rope;
-use crate::weights::Weights;
+use crate::weights::Vars;
 
 /// Attention whose output is multiplied by `sigmoid(gate)` before `o_proj`.
 #[derive(Debug, Clone)]
@@ -49,25 +49,19 @@ pub(crate) struct GatedLayer {
     mlp: Mlp,
 }
 
-/// Loads `{name}` `[dim]`, adding 1 when `shift` (zero-centred storage).
-pub(crate) fn load_norm(
-    w: &mut Weights,
-    name: &str,
-    dim: usize,
-    eps: f32,
-    shift: bool,
-) -> Result<RmsNorm> {
-    let n = RmsNorm::load(w, name, dim, eps)?;
+/// The RMSNorm at `vb` (`weight` `[dim]`), adding 1 when `shift`
+/// (zero-centred storage).
+pub(crate) fn load_norm(vb: Vars<'_>, dim: usize, eps: f32, shift: bool) -> Result<RmsNorm> {
+    let n = rms_norm(vb, dim, eps)?;
     if shift { n.shifted_by_one() } else { Ok(n) }
 }
 
 impl GatedLayer {
-    /// Takes `{prefix}.input_layernorm`, `{prefix}.self_attn.*`,
-    /// `{prefix}.post_attention_layernorm` and `{prefix}.mlp.*`.
+    /// The full-attention layer at `vb`: `input_layernorm`, `self_attn.*`
+    /// (query+gate `q_proj`, `q_norm`, `k_norm`), `post_attention_layernorm`, `mlp.*`.
     pub(crate) fn load(
         c: &ModelConfig,
-        w: &mut Weights,
-        prefix: &str,
+        mut vb: Vars<'_>,
         shift: bool,
         layout: LinearLayout,
     ) -> Result<GatedLayer> {
@@ -76,35 +70,23 @@ impl GatedLayer {
         let (nq, nkv) = (c.num_attention_heads, c.num_key_value_heads);
         let eps = c.rms_norm_eps;
         let bias = c.attention_bias.unwrap_or(false);
-        let a = format!("{prefix}.self_attn");
+        let mut a = vb.pp("self_attn");
         let attn = GatedAttention {
-            q: Linear::load(w, &format!("{a}.q_proj"), h, 2 * nq * d, bias, layout)?,
-            k: Linear::load(w, &format!("{a}.k_proj"), h, nkv * d, bias, layout)?,
-            v: Linear::load(w, &format!("{a}.v_proj"), h, nkv * d, bias, layout)?,
-            o: Linear::load(w, &format!("{a}.o_proj"), nq * d, h, bias, layout)?,
+            q: linear(a.pp("q_proj"), h, 2 * nq * d, bias, layout)?,
+            k: linear(a.pp("k_proj"), h, nkv * d, bias, layout)?,
+            v: linear(a.pp("v_proj"), h, nkv * d, bias, layout)?,
+            o: linear(a.pp("o_proj"), nq * d, h, bias, layout)?,
             core: AttentionCore::new(
                 c,
-                Some(load_norm(w, &format!("{a}.q_norm.weight"), d, eps, shift)?),
-                Some(load_norm(w, &format!("{a}.k_norm.weight"), d, eps, shift)?),
+                Some(load_norm(a.pp("q_norm"), d, eps, shift)?),
+                Some(load_norm(a.pp("k_norm"), d, eps, shift)?),
             ),
         };
         Ok(GatedLayer {
-            input_norm: load_norm(
-                w,
-                &format!("{prefix}.input_layernorm.weight"),
-                h,
-                eps,
-                shift,
-            )?,
+            input_norm: load_norm(vb.pp("input_layernorm"), h, eps, shift)?,
             attn,
-            post_norm: load_norm(
-                w,
-                &format!("{prefix}.post_attention_layernorm.weight"),
-                h,
-                eps,
-                shift,
-            )?,
-            mlp: Mlp::load(w, &format!("{prefix}.mlp"), h, c.intermediate_size, layout)?,
+            post_norm: load_norm(vb.pp("post_attention_layernorm"), h, eps, shift)?,
+            mlp: Mlp::new(vb.pp("mlp"), h, c.intermediate_size, false, layout)?,
         })
     }
 

@@ -12,8 +12,8 @@ use mlx_tensor::{Array, Dtype, fast, ops};
 
 use crate::config::{HybridConfig, ModelConfig};
 use crate::error::Result;
-use crate::models::layers::{Linear, LinearLayout};
-use crate::weights::Weights;
+use crate::models::layers::{Linear, LinearLayout, linear};
+use crate::weights::Vars;
 
 /// One Gated DeltaNet mixer (the `linear_attn` module of a decoder layer).
 #[derive(Debug, Clone)]
@@ -40,13 +40,14 @@ pub(crate) struct GatedDeltaNet {
 }
 
 impl GatedDeltaNet {
-    /// Takes `{prefix}.in_proj_{qkv,z,b,a}`, `conv1d.weight` (HF layout
-    /// `[C, 1, K]`), `A_log`, `dt_bias`, `norm.weight` and `out_proj`.
+    /// The mixer at `vb`: `in_proj_{qkv,z,b,a}`, `conv1d.weight` (`[C, 1, K]`
+    /// as transformers stores it, or `[C, K, 1]` when `mlx_conv`: mlx-lm's
+    /// layout), `A_log`, `dt_bias`, `norm.weight` and `out_proj`.
     pub(crate) fn load(
         c: &ModelConfig,
         h: &HybridConfig,
-        w: &mut Weights,
-        prefix: &str,
+        mut vb: Vars<'_>,
+        mlx_conv: bool,
         layout: LinearLayout,
     ) -> Result<GatedDeltaNet> {
         let hidden = c.hidden_size;
@@ -54,27 +55,27 @@ impl GatedDeltaNet {
         let value_total = h.value_heads * h.value_head_dim;
         let conv_dim = h.conv_dim();
         let k = h.conv_kernel;
-        let lin = |w: &mut Weights, name: &str, i: usize, o: usize| {
-            Linear::load(w, &format!("{prefix}.{name}"), i, o, false, layout)
+        let mut lin = |name: &str, i: usize, o: usize| linear(vb.pp(name), i, o, false, layout);
+        let in_qkv = lin("in_proj_qkv", hidden, conv_dim)?;
+        let in_z = lin("in_proj_z", hidden, value_total)?;
+        let in_b = lin("in_proj_b", hidden, h.value_heads)?;
+        let in_a = lin("in_proj_a", hidden, h.value_heads)?;
+        let out = lin("out_proj", value_total, hidden)?;
+        let stored = if mlx_conv {
+            [conv_dim, k, 1]
+        } else {
+            [conv_dim, 1, k]
         };
-        let in_qkv = lin(w, "in_proj_qkv", hidden, conv_dim)?;
-        let in_z = lin(w, "in_proj_z", hidden, value_total)?;
-        let in_b = lin(w, "in_proj_b", hidden, h.value_heads)?;
-        let in_a = lin(w, "in_proj_a", hidden, h.value_heads)?;
-        let out = lin(w, "out_proj", value_total, hidden)?;
-        let conv = w.take(
-            &format!("{prefix}.conv1d.weight"),
-            &[conv_dim as i32, 1, k as i32],
-        )?;
+        let conv = vb.take("conv1d.weight", &stored)?;
         let conv = conv
             .reshape(&[conv_dim as i32, k as i32])?
             .t()?
             .contiguous()?;
-        let vh = [h.value_heads as i32];
-        let a_log = w.take(&format!("{prefix}.A_log"), &vh)?;
+        let vh = [h.value_heads];
+        let a_log = vb.take("A_log", &vh)?;
         let neg_a = a_log.as_type(Dtype::Float32)?.exp()?.negative()?;
-        let dt_bias = w.take(&format!("{prefix}.dt_bias"), &vh)?;
-        let norm = w.take(&format!("{prefix}.norm.weight"), &[h.value_head_dim as i32])?;
+        let dt_bias = vb.take("dt_bias", &vh)?;
+        let norm = vb.take("norm.weight", &[h.value_head_dim])?;
         debug_assert_eq!(conv_dim, 2 * key_total + value_total);
         Ok(GatedDeltaNet {
             in_qkv,
@@ -101,6 +102,7 @@ impl GatedDeltaNet {
 
     /// The mixer over `x` `[1, L, H]`, folding the `L` positions into `cache`
     /// and capturing the states at the offsets it has scheduled.
+    // Long: the Gated DeltaNet math in the reference's order, step by step.
     pub(crate) fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
         let kind = cache.kind();
         let cache = cache.as_recurrent_mut().unwrap_or_else(|| {

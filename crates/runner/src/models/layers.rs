@@ -3,8 +3,50 @@
 use mlx_tensor::{Array, fast};
 
 use crate::error::Result;
+use crate::models::skinny;
 use crate::quant::QuantizedTensor;
-use crate::weights::Weights;
+use crate::weights::{Vars, Weights};
+
+/// The linear module at `vb`: `weight` `[output, input]` (packed with
+/// `scales` and `biases` when quantized) and, when `bias`, `bias` `[output]`.
+pub fn linear(
+    mut vb: Vars<'_>,
+    input: usize,
+    output: usize,
+    bias: bool,
+    layout: LinearLayout,
+) -> Result<Linear> {
+    let quantized = vb.take_quantized(output, input)?;
+    let bias = if bias {
+        Some(vb.take("bias", &[output])?)
+    } else {
+        None
+    };
+    match quantized {
+        Some(q) => Ok(Linear::from_quantized(q, bias)),
+        None => {
+            let weight = vb.take("weight", &[output, input])?;
+            Ok(Linear::from_weight(&weight, bias, layout)?)
+        }
+    }
+}
+
+/// The RMSNorm module at `vb`: `weight` `[dim]`.
+pub fn rms_norm(mut vb: Vars<'_>, dim: usize, eps: f32) -> Result<RmsNorm> {
+    Ok(RmsNorm {
+        weight: vb.take("weight", &[dim])?,
+        eps,
+    })
+}
+
+/// The embedding module at `vb`: `weight` `[vocab, hidden]` (packed when quantized).
+pub fn embedding(mut vb: Vars<'_>, vocab: usize, hidden: usize) -> Result<Embedding> {
+    let table = match vb.take_quantized(vocab, hidden)? {
+        Some(q) => Table::Quantized(q),
+        None => Table::Dense(vb.take("weight", &[vocab, hidden])?),
+    };
+    Ok(Embedding { table })
+}
 
 /// How linear weights are laid out for the matmul.
 ///
@@ -38,7 +80,13 @@ pub struct Linear {
 enum Kernel {
     /// `[in, out]`: a transposed view of the `[out, in]` weight, or a contiguous
     /// copy; `row_chunks` splits it for single-row inputs (see [`row_chunks`]).
-    Dense { wt: Array, row_chunks: Vec<Array> },
+    /// `w` is the `[out, in]` weight itself when `wt` is its transposed view
+    /// (the same buffer), for the few-rows CUDA kernel (`models/skinny.rs`).
+    Dense {
+        wt: Array,
+        row_chunks: Vec<Array>,
+        w: Option<Array>,
+    },
     /// The packed `[out, in]` weight, multiplied by `quantized_matmul`.
     Quantized(QuantizedTensor),
 }
@@ -56,19 +104,7 @@ impl Linear {
         bias: bool,
         layout: LinearLayout,
     ) -> Result<Linear> {
-        let quantized = w.take_quantized(prefix, output, input)?;
-        let bias = if bias {
-            Some(w.take(&format!("{prefix}.bias"), &[output as i32])?)
-        } else {
-            None
-        };
-        match quantized {
-            Some(q) => Ok(Linear::from_quantized(q, bias)),
-            None => {
-                let weight = w.take(&format!("{prefix}.weight"), &[output as i32, input as i32])?;
-                Ok(Linear::from_weight(&weight, bias, layout)?)
-            }
-        }
+        linear(Vars::new(w, prefix), input, output, bias, layout)
     }
 
     /// From a `[out, in]` weight.
@@ -78,12 +114,12 @@ impl Linear {
         layout: LinearLayout,
     ) -> mlx_tensor::Result<Linear> {
         let wt = weight.t()?;
-        let (wt, row_chunks) = match layout {
-            LinearLayout::TransposedView => (wt, row_chunks(weight)?),
-            LinearLayout::PreTransposed => (wt.contiguous()?, Vec::new()),
+        let (wt, row_chunks, w) = match layout {
+            LinearLayout::TransposedView => (wt, row_chunks(weight)?, Some(weight.clone())),
+            LinearLayout::PreTransposed => (wt.contiguous()?, Vec::new(), None),
         };
         Ok(Linear {
-            kernel: Kernel::Dense { wt, row_chunks },
+            kernel: Kernel::Dense { wt, row_chunks, w },
             bias,
         })
     }
@@ -111,6 +147,13 @@ impl Linear {
                     .collect::<mlx_tensor::Result<Vec<_>>>()?;
                 mlx_tensor::ops::concatenate(&parts, -1)?
             }
+            Kernel::Dense { w: Some(w), .. } if few_rows(x, w) => {
+                let k = x.dim(-1);
+                let rows = (x.size() / k as usize) as i32;
+                let mut shape = x.shape().to_vec();
+                *shape.last_mut().expect("rank ≥ 1") = w.dim(0);
+                skinny::matmul_t(&x.reshape(&[rows, k])?, w)?.reshape(&shape)?
+            }
             Kernel::Dense { wt, .. } => x.matmul(wt)?,
             Kernel::Quantized(q) => q.matmul_t(x)?,
         };
@@ -123,7 +166,7 @@ impl Linear {
     /// The arrays to evaluate at load.
     pub fn arrays(&self) -> Vec<Array> {
         let mut v = match &self.kernel {
-            Kernel::Dense { wt, row_chunks } => {
+            Kernel::Dense { wt, row_chunks, .. } => {
                 let mut v = vec![wt.clone()];
                 v.extend(row_chunks.iter().cloned());
                 v
@@ -170,6 +213,15 @@ fn row_chunks(weight: &Array) -> mlx_tensor::Result<Vec<Array>> {
         .collect()
 }
 
+/// True when `x` `[..., in]` holds 2..=8 rows that the CUDA few-rows kernel takes.
+fn few_rows(x: &Array, w: &Array) -> bool {
+    let k = x.dim(-1);
+    x.ndim() > 0
+        && k > 0
+        && x.dtype() == w.dtype()
+        && skinny::applies((x.size() / k as usize) as i32, k, x.dtype())
+}
+
 /// True when `x` `[..., in]` holds a single row.
 fn is_one_row(x: &Array) -> bool {
     x.ndim() > 0 && x.size() == x.dim(-1) as usize
@@ -192,13 +244,7 @@ enum Table {
 impl Embedding {
     /// Takes `{prefix}.weight` `[vocab, hidden]` (packed with scales and biases when quantized).
     pub fn load(w: &mut Weights, prefix: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
-        let table = match w.take_quantized(prefix, vocab, hidden)? {
-            Some(q) => Table::Quantized(q),
-            None => {
-                Table::Dense(w.take(&format!("{prefix}.weight"), &[vocab as i32, hidden as i32])?)
-            }
-        };
-        Ok(Embedding { table })
+        embedding(Vars::new(w, prefix), vocab, hidden)
     }
 
     /// From a dense `[vocab, hidden]` table.
@@ -279,6 +325,22 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    /// The MLP module at `vb`: `{gate,up,down}_proj`, with biases when `bias`
+    /// (Llama's `mlp_bias`).
+    pub fn new(
+        mut vb: Vars<'_>,
+        hidden: usize,
+        inter: usize,
+        bias: bool,
+        layout: LinearLayout,
+    ) -> Result<Mlp> {
+        Ok(Mlp {
+            gate: linear(vb.pp("gate_proj"), hidden, inter, bias, layout)?,
+            up: linear(vb.pp("up_proj"), hidden, inter, bias, layout)?,
+            down: linear(vb.pp("down_proj"), inter, hidden, bias, layout)?,
+        })
+    }
+
     /// Takes `{prefix}.{gate,up,down}_proj.weight`.
     pub fn load(
         w: &mut Weights,
@@ -287,32 +349,7 @@ impl Mlp {
         inter: usize,
         layout: LinearLayout,
     ) -> Result<Mlp> {
-        Ok(Mlp {
-            gate: Linear::load(
-                w,
-                &format!("{prefix}.gate_proj"),
-                hidden,
-                inter,
-                false,
-                layout,
-            )?,
-            up: Linear::load(
-                w,
-                &format!("{prefix}.up_proj"),
-                hidden,
-                inter,
-                false,
-                layout,
-            )?,
-            down: Linear::load(
-                w,
-                &format!("{prefix}.down_proj"),
-                inter,
-                hidden,
-                false,
-                layout,
-            )?,
-        })
+        Mlp::new(Vars::new(w, prefix), hidden, inter, false, layout)
     }
 
     /// The arrays to evaluate at load.

@@ -6,12 +6,14 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::model::Model;
 use crate::models::attention::AttentionCore;
-use crate::models::layers::{Embedding, Linear, LinearLayout, Mlp, RmsNorm, pre_norm_block};
+use crate::models::layers::{
+    Linear, LinearLayout, Mlp, RmsNorm, embedding, linear, pre_norm_block, rms_norm,
+};
 use crate::models::rope::Rope;
-use crate::models::trunk_ends::{TrunkEnds, load_lm_head, warn_unused};
+use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
 use crate::mtp::{MtpHead, MtpLayout};
-use crate::weights::Weights;
-use kvcache::{Cache, KvCache};
+use crate::weights::{Vars, Weights};
+use kvcache::{Cache, KvCache, RotatingKvCache};
 
 /// What distinguishes the members of the family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,22 +22,48 @@ pub struct Variant {
     pub qkv_bias: bool,
     /// Per-head RMSNorm of q and k before RoPE (Qwen3).
     pub qk_norm: bool,
+    /// Which layers attend over a sliding window.
+    pub window: WindowRule,
 }
 
-/// Builds Llama or Mistral (`attention_bias` puts a bias on q/k/v/o).
+/// How a member of the family reads `sliding_window` (transformers' rules).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowRule {
+    /// No sliding window (Llama).
+    Never,
+    /// Every layer, when `sliding_window` is set (Mistral).
+    Always,
+    /// The layers `layer_types` marks `sliding_attention`, else those at or
+    /// after `max_window_layers` when `use_sliding_window` (Qwen2, Qwen3).
+    LayerTypes,
+}
+
+const LLAMA: Variant = Variant {
+    qkv_bias: false,
+    qk_norm: false,
+    window: WindowRule::Never,
+};
+
+/// Builds Llama (`attention_bias` puts a bias on q/k/v/o, `mlp_bias` on the MLP).
 pub fn build_llama(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
+    Ok(Box::new(Llama::load(c, w, LLAMA, l)?))
+}
+
+/// Builds Mistral: Llama with `sliding_window` attention on every layer.
+pub fn build_mistral(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
     let v = Variant {
-        qkv_bias: false,
-        qk_norm: false,
+        window: WindowRule::Always,
+        ..LLAMA
     };
     Ok(Box::new(Llama::load(c, w, v, l)?))
 }
 
-/// Builds Qwen2 / Qwen2.5.
+/// Builds Qwen2 / Qwen2.5, and MiMo (a Qwen2 trunk with `model.mtp_layers.*`).
 pub fn build_qwen2(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
     let v = Variant {
         qkv_bias: true,
-        qk_norm: false,
+        window: WindowRule::LayerTypes,
+        ..LLAMA
     };
     Ok(Box::new(Llama::load(c, w, v, l)?))
 }
@@ -43,10 +71,95 @@ pub fn build_qwen2(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<
 /// Builds Qwen3.
 pub fn build_qwen3(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
     let v = Variant {
-        qkv_bias: false,
         qk_norm: true,
+        window: WindowRule::LayerTypes,
+        ..LLAMA
     };
     Ok(Box::new(Llama::load(c, w, v, l)?))
+}
+
+/// Refuses the config keys that change this family's computation and are
+/// not implemented; returns each layer's attention window (`None`: full).
+fn check_config(c: &ModelConfig, v: Variant) -> Result<Vec<Option<usize>>> {
+    let raw = &c.raw;
+    if c.partial_rotary_factor != 1.0 {
+        return Err(c.unsupported_key(
+            "partial_rotary_factor",
+            format!(
+                "{} is not implemented for this family (RoPE over the whole head only)",
+                c.partial_rotary_factor
+            ),
+        ));
+    }
+    for key in ["num_experts", "num_local_experts", "n_routed_experts"] {
+        if raw[key].as_u64().is_some_and(|n| n > 0) {
+            return Err(c.unsupported_key(
+                "num_experts",
+                format!(
+                    "`{key}` = {}: mixture-of-experts layers are not implemented for `{}`; \
+                     is `architectures` right?",
+                    raw[key], c.architecture
+                ),
+            ));
+        }
+    }
+    for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
+        if !raw[key].is_null() {
+            return Err(c.unsupported_key(
+                "attn_logit_softcapping",
+                format!(
+                    "`{key}` = {} (logit soft-capping) is not implemented",
+                    raw[key]
+                ),
+            ));
+        }
+    }
+    let n = c.num_hidden_layers;
+    let window = c.sliding_window;
+    let layer_types: Vec<&str> = raw["layer_types"]
+        .as_array()
+        .map(|a| a.iter().map(|t| t.as_str().unwrap_or("?")).collect())
+        .unwrap_or_default();
+    Ok(match v.window {
+        WindowRule::Never => vec![None; n],
+        WindowRule::Always => vec![window; n],
+        WindowRule::LayerTypes if !layer_types.is_empty() => {
+            if layer_types.len() != n {
+                return Err(c.unsupported_key(
+                    "layer_types",
+                    format!(
+                        "has {} entries but num_hidden_layers is {n}: give one per layer",
+                        layer_types.len()
+                    ),
+                ));
+            }
+            layer_types
+                .iter()
+                .map(|t| match (*t, window) {
+                    ("full_attention", _) => Ok(None),
+                    ("sliding_attention", Some(w)) => Ok(Some(w)),
+                    ("sliding_attention", None) => Err(c.unsupported_key(
+                        "sliding_window",
+                        "layer_types has sliding_attention layers but sliding_window is null"
+                            .into(),
+                    )),
+                    (other, _) => Err(c.unsupported_key(
+                        "layer_types",
+                        format!(
+                            "`{other}` is not a layer type (full_attention, sliding_attention)"
+                        ),
+                    )),
+                })
+                .collect::<Result<_>>()?
+        }
+        WindowRule::LayerTypes => {
+            let from = raw["max_window_layers"].as_u64().unwrap_or(0) as usize;
+            let on = raw["use_sliding_window"].as_bool().unwrap_or(false);
+            (0..n)
+                .map(|i| if on && i >= from { window } else { None })
+                .collect()
+        }
+    })
 }
 
 #[derive(Debug, Clone)]
@@ -87,12 +200,11 @@ pub(crate) struct Layer {
 }
 
 impl Layer {
-    /// Takes `{prefix}.input_layernorm`, `{prefix}.self_attn.*`,
-    /// `{prefix}.post_attention_layernorm` and `{prefix}.mlp.*`.
+    /// The decoder layer at `vb`: `input_layernorm`, `self_attn.{q,k,v,o}_proj`
+    /// (and `q_norm`/`k_norm`), `post_attention_layernorm`, `mlp.*`.
     pub(crate) fn load(
         c: &ModelConfig,
-        w: &mut Weights,
-        prefix: &str,
+        mut vb: Vars<'_>,
         variant: Variant,
         layout: LinearLayout,
     ) -> Result<Layer> {
@@ -102,32 +214,27 @@ impl Layer {
         let eps = c.rms_norm_eps;
         let bias_all = c.attention_bias.unwrap_or(false);
         let qkv_bias = variant.qkv_bias || bias_all;
-        let a = format!("{prefix}.self_attn");
+        let mut a = vb.pp("self_attn");
         let (q_norm, k_norm) = if variant.qk_norm {
             (
-                Some(RmsNorm::load(w, &format!("{a}.q_norm.weight"), d, eps)?),
-                Some(RmsNorm::load(w, &format!("{a}.k_norm.weight"), d, eps)?),
+                Some(rms_norm(a.pp("q_norm"), d, eps)?),
+                Some(rms_norm(a.pp("k_norm"), d, eps)?),
             )
         } else {
             (None, None)
         };
         let attn = Attention {
-            q: Linear::load(w, &format!("{a}.q_proj"), h, nq * d, qkv_bias, layout)?,
-            k: Linear::load(w, &format!("{a}.k_proj"), h, nkv * d, qkv_bias, layout)?,
-            v: Linear::load(w, &format!("{a}.v_proj"), h, nkv * d, qkv_bias, layout)?,
-            o: Linear::load(w, &format!("{a}.o_proj"), nq * d, h, bias_all, layout)?,
+            q: linear(a.pp("q_proj"), h, nq * d, qkv_bias, layout)?,
+            k: linear(a.pp("k_proj"), h, nkv * d, qkv_bias, layout)?,
+            v: linear(a.pp("v_proj"), h, nkv * d, qkv_bias, layout)?,
+            o: linear(a.pp("o_proj"), nq * d, h, bias_all, layout)?,
             core: AttentionCore::new(c, q_norm, k_norm),
         };
         Ok(Layer {
-            input_norm: RmsNorm::load(w, &format!("{prefix}.input_layernorm.weight"), h, eps)?,
+            input_norm: rms_norm(vb.pp("input_layernorm"), h, eps)?,
             attn,
-            post_norm: RmsNorm::load(
-                w,
-                &format!("{prefix}.post_attention_layernorm.weight"),
-                h,
-                eps,
-            )?,
-            mlp: Mlp::load(w, &format!("{prefix}.mlp"), h, c.intermediate_size, layout)?,
+            post_norm: rms_norm(vb.pp("post_attention_layernorm"), h, eps)?,
+            mlp: Mlp::new(vb.pp("mlp"), h, c.intermediate_size, c.mlp_bias, layout)?,
         })
     }
 
@@ -167,6 +274,8 @@ pub struct Llama {
     ends: TrunkEnds,
     layers: Vec<Layer>,
     rope: Rope,
+    /// Per layer: the sliding attention window, or `None` for full attention.
+    windows: Vec<Option<usize>>,
 }
 
 impl Llama {
@@ -177,19 +286,16 @@ impl Llama {
         variant: Variant,
         layout: LinearLayout,
     ) -> Result<Llama> {
+        let windows = check_config(c, variant)?;
         let h = c.hidden_size;
-        let embed = Embedding::load(w, "model.embed_tokens", c.vocab_size, h)?;
+        let tl = w.layout().clone();
+        let mut trunk = w.vars(tl.trunk);
+        let embed = embedding(trunk.pp("embed_tokens"), c.vocab_size, h)?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
-            layers.push(Layer::load(
-                c,
-                w,
-                &format!("model.layers.{i}"),
-                variant,
-                layout,
-            )?);
+            layers.push(Layer::load(c, trunk.pp("layers").pp(i), variant, layout)?);
         }
-        let norm = RmsNorm::load(w, "model.norm.weight", h, c.rms_norm_eps)?;
+        let norm = rms_norm(trunk.pp("norm"), h, c.rms_norm_eps)?;
         let lm_head = load_lm_head(c, w, &embed, layout)?;
         let rope = Rope::new(c.head_dim, c.rope_theta, &c.rope_scaling)?;
         // The head is gated on its tensors, not on the config's announcement.
@@ -198,16 +304,10 @@ impl Llama {
                 kind, c, w, variant, layout, &embed, &lm_head, &rope,
             )?),
             None => {
-                if c.mtp_layers > 0 {
-                    tracing::warn!(
-                        declared = c.mtp_layers,
-                        "config announces MTP layers but no MTP tensors were found"
-                    );
-                }
+                note_missing_mtp(c, w);
                 None
             }
         };
-        warn_unused(w);
         let m = Llama {
             ends: TrunkEnds {
                 config: c.clone(),
@@ -218,8 +318,11 @@ impl Llama {
             },
             layers,
             rope,
+            windows,
         };
-        mlx_tensor::eval(&m.arrays())?;
+        if !w.is_dry() {
+            mlx_tensor::eval(&m.arrays())?;
+        }
         Ok(m)
     }
 
@@ -247,8 +350,15 @@ impl Model for Llama {
     }
 
     fn new_caches(&self) -> Vec<Box<dyn Cache>> {
-        (0..self.layers.len())
-            .map(|_| Box::new(KvCache::new()) as Box<dyn Cache>)
+        self.windows
+            .iter()
+            .map(|w| match *w {
+                // A window of one sees only the current position: keep 0 is valid.
+                Some(n) => Box::new(
+                    RotatingKvCache::new(n, 0).expect("a positive window with no kept prefix"),
+                ) as Box<dyn Cache>,
+                None => Box::new(KvCache::new()) as Box<dyn Cache>,
+            })
             .collect()
     }
 

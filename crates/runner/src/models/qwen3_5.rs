@@ -11,11 +11,45 @@ use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::models::gated_attention::{GatedLayer, load_norm};
 use crate::models::gated_delta::GatedDeltaNet;
-use crate::models::layers::{Embedding, LinearLayout, Mlp, RmsNorm, pre_norm_block};
+use crate::models::layers::{LinearLayout, Mlp, RmsNorm, embedding, pre_norm_block};
 use crate::models::rope::Rope;
-use crate::models::trunk_ends::{TrunkEnds, load_lm_head, warn_unused};
+use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
 use crate::mtp::{MtpHead, MtpLayout};
 use crate::weights::Weights;
+
+/// Whether the trunk's RMSNorms are stored zero-centred (`x · (1 + w)`, as
+/// transformers saves Qwen3.5) and need the +1 once.
+///
+/// mlx-lm's `sanitize` moves `conv1d.weight` from `[C, 1, K]` to `[C, K, 1]`
+/// and, exactly when it did, adds 1 to the trunk norms: so a `[C, K, 1]`
+/// conv means the norms are already shifted and must not be shifted again.
+/// A model without linear layers gives no evidence; mlx-lm then shifts
+/// nothing either, so its norms are still zero-centred.
+fn zero_centred_trunk(h: &HybridConfig, w: &Weights, trunk: &str) -> bool {
+    // Every conv should agree; the majority decides, so a stray one is the
+    // tensor the loader names.
+    let (mut mlx, mut hf) = (0, 0);
+    for (i, _) in h
+        .layers
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| **k == LayerKind::Linear)
+    {
+        let name = format!("{trunk}.layers.{i}.linear_attn.conv1d.weight");
+        match w.stored_shape(&name).as_deref() {
+            Some([_, k, 1]) if *k == h.conv_kernel && *k != 1 => mlx += 1,
+            Some([_, 1, _]) => hf += 1,
+            // Missing or odd: the loader names the tensor and the shape it expects.
+            _ => {}
+        }
+    }
+    match (mlx, hf) {
+        // A model without linear layers gives no evidence; mlx-lm then shifts
+        // nothing either, so its norms are still zero-centred.
+        (0, 0) => true,
+        (m, f) => f >= m,
+    }
+}
 
 /// Builds a Qwen3.5 dense text model.
 pub fn build_qwen3_5(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
@@ -57,37 +91,41 @@ impl Qwen35 {
                 c.model_type
             ),
         })?;
+        if !hybrid.attn_output_gate {
+            return Err(c.unsupported_key(
+                "attn_output_gate",
+                "false is not implemented (full attention is always gated here)".into(),
+            ));
+        }
+        if c.raw["mtp_use_dedicated_embeddings"].as_bool() == Some(true) {
+            return Err(c.unsupported_key(
+                "mtp_use_dedicated_embeddings",
+                "true is not implemented (the MTP head shares the trunk's embedding)".into(),
+            ));
+        }
         let h = c.hidden_size;
         let eps = c.rms_norm_eps;
-        // Qwen3RMSNorm of the HF checkpoint computes x · (1 + w): shift once.
-        let shift = true;
-        let embed = Embedding::load(w, "model.embed_tokens", c.vocab_size, h)?;
+        let tl = w.layout().clone();
+        let shift = zero_centred_trunk(hybrid, w, tl.trunk);
+        let mlx_conv = !shift && hybrid.layers.contains(&LayerKind::Linear);
+        let mut trunk = w.vars(tl.trunk);
+        let embed = embedding(trunk.pp("embed_tokens"), c.vocab_size, h)?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let mut stack = trunk.pp("layers");
         for (i, kind) in hybrid.layers.iter().enumerate() {
-            let p = format!("model.layers.{i}");
+            let mut p = stack.pp(i);
             layers.push(match kind {
-                LayerKind::Full => Layer::Full(GatedLayer::load(c, w, &p, shift, layout)?),
+                LayerKind::Full => Layer::Full(GatedLayer::load(c, p, shift, layout)?),
                 LayerKind::Linear => Layer::Linear(LinearLayer {
-                    input_norm: load_norm(
-                        w,
-                        &format!("{p}.input_layernorm.weight"),
-                        h,
-                        eps,
-                        shift,
-                    )?,
-                    mixer: GatedDeltaNet::load(c, hybrid, w, &format!("{p}.linear_attn"), layout)?,
-                    post_norm: load_norm(
-                        w,
-                        &format!("{p}.post_attention_layernorm.weight"),
-                        h,
-                        eps,
-                        shift,
-                    )?,
-                    mlp: Mlp::load(w, &format!("{p}.mlp"), h, c.intermediate_size, layout)?,
+                    input_norm: load_norm(p.pp("input_layernorm"), h, eps, shift)?,
+                    mixer: GatedDeltaNet::load(c, hybrid, p.pp("linear_attn"), mlx_conv, layout)?,
+                    post_norm: load_norm(p.pp("post_attention_layernorm"), h, eps, shift)?,
+                    mlp: Mlp::new(p.pp("mlp"), h, c.intermediate_size, false, layout)?,
                 }),
             });
         }
-        let norm = load_norm(w, "model.norm.weight", h, eps, shift)?;
+        drop(stack);
+        let norm = load_norm(trunk.pp("norm"), h, eps, shift)?;
         let lm_head = load_lm_head(c, w, &embed, layout)?;
         let rotary = (c.head_dim as f32 * c.partial_rotary_factor) as usize;
         let rope = Rope::new(rotary, c.rope_theta, &c.rope_scaling)?;
@@ -96,15 +134,20 @@ impl Qwen35 {
                 Some(MtpHead::load_gated(c, w, layout, &embed, &lm_head, &rope)?)
             }
             Some(other) => {
-                tracing::warn!(
-                    layout = other.name(),
-                    "MTP layout not wired for qwen3_5; no head"
-                );
+                return Err(c.unsupported_key(
+                    "mtp_num_hidden_layers",
+                    format!(
+                        "the checkpoint's MTP head has the {} layout, which qwen3_5 does not \
+                         use (expected `mtp.*`)",
+                        other.name()
+                    ),
+                ));
+            }
+            None => {
+                note_missing_mtp(c, w);
                 None
             }
-            None => None,
         };
-        warn_unused(w);
         let m = Qwen35 {
             ends: TrunkEnds {
                 config: c.clone(),
@@ -116,7 +159,9 @@ impl Qwen35 {
             layers,
             rope,
         };
-        mlx_tensor::eval(&m.arrays())?;
+        if !w.is_dry() {
+            mlx_tensor::eval(&m.arrays())?;
+        }
         Ok(m)
     }
 

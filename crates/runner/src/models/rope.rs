@@ -1,4 +1,4 @@
-//! Rotary position embeddings: plain, linear-scaled and Llama 3 scaled.
+//! Rotary position embeddings: plain, linear-scaled, Llama 3 scaled and YaRN.
 
 use mlx_tensor::{Array, fast};
 
@@ -11,8 +11,11 @@ pub struct Rope {
     dims: i32,
     base: f32,
     scale: f32,
-    /// Per-pair periods (`base^(2i/d)`, scaled) for Llama 3; MLX divides by them.
+    /// Per-pair periods (`base^(2i/d)`, scaled) for Llama 3 and YaRN; MLX divides by them.
     freqs: Option<Array>,
+    /// YaRN's attention scale, applied to the rotated features of q and k
+    /// (transformers multiplies cos and sin by it); 1 otherwise.
+    mscale: f32,
 }
 
 impl Rope {
@@ -25,13 +28,40 @@ impl Rope {
                 base,
                 scale: 1.0,
                 freqs: None,
+                mscale: 1.0,
             },
             RopeScaling::Linear { factor } => Rope {
                 dims,
                 base,
                 scale: 1.0 / factor,
                 freqs: None,
+                mscale: 1.0,
             },
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate,
+            } => {
+                let periods = yarn_periods(
+                    head_dim,
+                    base,
+                    factor,
+                    original_max_position_embeddings as f32,
+                    beta_fast,
+                    beta_slow,
+                    truncate,
+                );
+                Rope {
+                    dims,
+                    base,
+                    scale: 1.0,
+                    freqs: Some(Array::from_slice(&periods, &[periods.len() as i32])?),
+                    mscale: attention_factor,
+                }
+            }
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -51,6 +81,7 @@ impl Rope {
                     base,
                     scale: 1.0,
                     freqs: Some(Array::from_slice(&periods, &[periods.len() as i32])?),
+                    mscale: 1.0,
                 }
             }
         })
@@ -59,10 +90,23 @@ impl Rope {
     /// Rotates `x` `[B, H, L, D]` for positions `offset..offset + L`.
     pub fn forward(&self, x: &Array, offset: usize) -> Result<Array> {
         let off = offset as i32;
-        Ok(match &self.freqs {
+        let y = match &self.freqs {
             None => fast::rope(x, self.dims, false, self.base, self.scale, off)?,
             Some(f) => fast::rope_with_freqs(x, self.dims, false, self.scale, off, f)?,
-        })
+        };
+        if self.mscale == 1.0 {
+            return Ok(y);
+        }
+        let m = Array::scalar(self.mscale, y.dtype())?;
+        let d = y.dim(-1);
+        if d == self.dims {
+            return Ok(y.multiply(&m)?);
+        }
+        // Partial rotary: only the rotated features are scaled.
+        let axis = y.ndim() as i32 - 1;
+        let rotated = y.slice_axis(axis, 0, self.dims)?.multiply(&m)?;
+        let pass = y.slice_axis(axis, self.dims, d)?;
+        Ok(mlx_tensor::ops::concatenate(&[rotated, pass], axis)?)
     }
 
     /// Arrays to evaluate at load.
@@ -100,6 +144,47 @@ pub fn llama3_periods(
             } else {
                 f
             }
+        })
+        .collect()
+}
+
+/// YaRN's per-pair periods (the inverse of transformers'
+/// `_compute_yarn_parameters` inverse frequencies): pairs below the
+/// correction range keep their frequency (extrapolation), pairs above it are
+/// divided by `factor` (interpolation), with a linear ramp between.
+pub fn yarn_periods(
+    dims: usize,
+    base: f32,
+    factor: f32,
+    old_context: f32,
+    beta_fast: f32,
+    beta_slow: f32,
+    truncate: bool,
+) -> Vec<f32> {
+    let d = dims as f64;
+    let base = base as f64;
+    let correction = |rotations: f64| {
+        d * (old_context as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+    };
+    let (mut low, mut high) = (correction(beta_fast as f64), correction(beta_slow as f64));
+    if truncate {
+        low = low.floor();
+        high = high.ceil();
+    }
+    let low = low.max(0.0);
+    let mut high = high.min(d - 1.0);
+    if low == high {
+        high += 0.001;
+    }
+    (0..dims / 2)
+        .map(|i| {
+            let pos = base.powf((2 * i) as f64 / d);
+            let extrapolation = 1.0 / pos;
+            let interpolation = 1.0 / (factor as f64 * pos);
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            let keep = 1.0 - ramp;
+            let inv = interpolation * (1.0 - keep) + extrapolation * keep;
+            (1.0 / inv) as f32
         })
         .collect()
 }

@@ -6,7 +6,7 @@ use mlx_tensor::{Array, Dtype};
 
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::models::layers::{Embedding, Linear, LinearLayout, RmsNorm};
+use crate::models::layers::{Embedding, Linear, LinearLayout, RmsNorm, linear};
 use crate::mtp::MtpHead;
 use crate::weights::Weights;
 
@@ -79,34 +79,51 @@ pub(crate) fn logits_f32(lm_head: &Linear, x: &Array) -> Result<Array> {
 }
 
 /// The unembedding: the embedding's transposed view when `c` ties them,
-/// else `lm_head.*`.
+/// else the checkpoint's `lm_head` (under the layout's prefix).
 pub(crate) fn load_lm_head(
     c: &ModelConfig,
     w: &mut Weights,
     embed: &Embedding,
     layout: LinearLayout,
 ) -> Result<Linear> {
+    let prefix = w.layout().lm_head;
+    let mut vb = w.vars(prefix);
     if c.tie_word_embeddings {
         // A checkpoint may carry a redundant copy; the embedding is authoritative.
-        let _ = w.take_optional(
-            "lm_head.weight",
-            &[c.vocab_size as i32, c.hidden_size as i32],
-        )?;
+        let _ = vb.take_optional("weight", &[c.vocab_size, c.hidden_size])?;
         embed.as_linear(layout)
     } else {
-        Linear::load(w, "lm_head", c.hidden_size, c.vocab_size, false, layout)
+        linear(vb, c.hidden_size, c.vocab_size, false, layout)
     }
 }
 
-/// Warns about tensors no layer took (RoPE's stored `inv_freq` buffers are
-/// recomputed, so they do not count).
-pub(crate) fn warn_unused(w: &Weights) {
-    let left = w.remaining();
-    let unknown: Vec<&String> = left
-        .iter()
-        .filter(|n| !n.contains("rotary_emb.inv_freq"))
-        .collect();
-    if !unknown.is_empty() {
-        tracing::warn!(count = unknown.len(), first = %unknown[0], "unused tensors in checkpoint");
+/// Says once, at load, why a config that announces MTP layers has no head:
+/// mlx-lm's converter drops `mtp.*` (and `model.mtp_layers.*`).
+pub(crate) fn note_missing_mtp(c: &ModelConfig, w: &Weights) {
+    if c.mtp_layers == 0 {
+        return;
     }
+    if w.layout().mlx_converted || w.quantization().is_some() {
+        tracing::warn!(declared = c.mtp_layers, "{MLX_DROPPED_MTP}");
+    } else {
+        tracing::warn!(
+            declared = c.mtp_layers,
+            "config announces MTP layers but no MTP tensors were found; running without speculation"
+        );
+    }
+}
+
+/// What to tell a user whose mlx-lm conversion lost its MTP head.
+pub(crate) const MLX_DROPPED_MTP: &str = "config.json declares MTP layers but the checkpoint has no MTP \
+    tensors: mlx-lm's converter (mlx_lm.convert / mlx-community uploads) removes them, so this \
+    folder runs without MTP speculation. `mtp-runner quantize --model HF_FOLDER` from the \
+    Hugging Face folder keeps the head.";
+
+/// The tensors no layer took, ignoring RoPE's stored `inv_freq` buffers
+/// (recomputed from the config).
+pub(crate) fn unused(w: &Weights) -> Vec<String> {
+    w.remaining()
+        .into_iter()
+        .filter(|n| !n.contains("rotary_emb.inv_freq"))
+        .collect()
 }

@@ -12,7 +12,7 @@ use crate::models::layers::{Embedding, Linear, LinearLayout, RmsNorm};
 use crate::models::llama::{Layer, Variant};
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::logits_f32;
-use crate::weights::Weights;
+use crate::weights::{Vars, Weights};
 
 /// A multi-token-prediction layer over a trunk's shared embedding and LM head.
 ///
@@ -51,7 +51,7 @@ impl MtpHead {
         rope: &Rope,
     ) -> Result<MtpHead> {
         let block = |w: &mut Weights, prefix: &str, shift: bool| -> Result<Block> {
-            let b = Layer::load(c, w, prefix, variant, linear)?;
+            let b = Layer::load(c, Vars::new(w, prefix), variant, linear)?;
             Ok(Block::Dense(if shift {
                 b.with_shifted_norms()?
             } else {
@@ -72,7 +72,12 @@ impl MtpHead {
         rope: &Rope,
     ) -> Result<MtpHead> {
         let block = |w: &mut Weights, prefix: &str, shift: bool| -> Result<Block> {
-            Ok(Block::Gated(GatedLayer::load(c, w, prefix, shift, linear)?))
+            Ok(Block::Gated(GatedLayer::load(
+                c,
+                Vars::new(w, prefix),
+                shift,
+                linear,
+            )?))
         };
         Self::load_with(MtpLayout::Qwen, c, w, linear, embed, lm_head, rope, block)
     }
@@ -124,7 +129,9 @@ impl MtpHead {
             caches: vec![Box::new(KvCache::new())],
             hidden_size: h as i32,
         };
-        mlx_tensor::eval(&head.arrays())?;
+        if !w.is_dry() {
+            mlx_tensor::eval(&head.arrays())?;
+        }
         Ok(head)
     }
 

@@ -33,11 +33,31 @@ pub struct Names {
 }
 
 impl MtpLayout {
+    /// Every layout, in detection order.
+    pub const ALL: [MtpLayout; 3] = [MtpLayout::Qwen, MtpLayout::DeepSeek, MtpLayout::Mimo];
+
     /// The layout whose tensors are present, checked with `has(name)`.
     pub fn detect(config: &ModelConfig, has: impl Fn(&str) -> bool) -> Option<MtpLayout> {
-        [MtpLayout::Qwen, MtpLayout::DeepSeek, MtpLayout::Mimo]
+        Self::ALL
             .into_iter()
             .find(|l| has(&format!("{}.weight", l.names(config).proj)))
+    }
+
+    /// The prefix (with its trailing dot) under which this layout keeps every
+    /// tensor of the head, for a trunk of `num_hidden_layers` layers.
+    pub fn prefix(self, num_hidden_layers: usize) -> String {
+        match self {
+            MtpLayout::Qwen => "mtp.".to_owned(),
+            MtpLayout::DeepSeek => format!("model.layers.{num_hidden_layers}."),
+            MtpLayout::Mimo => "model.mtp_layers.".to_owned(),
+        }
+    }
+
+    /// True when tensor or module `name` belongs to an MTP head of any layout.
+    pub fn owns(name: &str, num_hidden_layers: usize) -> bool {
+        Self::ALL
+            .iter()
+            .any(|l| name.starts_with(&l.prefix(num_hidden_layers)))
     }
 
     /// Tensor names of this layout for `config`.

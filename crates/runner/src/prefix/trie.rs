@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 /// Index of a node in the arena.
-pub type NodeId = usize;
+pub(crate) type NodeId = usize;
 
 const ROOT: NodeId = 0;
 
@@ -36,7 +36,7 @@ struct Slot<E> {
 
 /// The outcome of [`Trie::find`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Found {
+pub(crate) struct Found {
     /// Leading keys of the query that some stored sequence shares.
     pub matched: usize,
     /// Entries on the matched path ending at or before `matched`, as
@@ -49,7 +49,7 @@ pub struct Found {
 
 /// A compressed trie of entries keyed by `u64` sequences.
 #[derive(Debug)]
-pub struct Trie<E> {
+pub(crate) struct Trie<E> {
     nodes: Vec<Option<Node<E>>>,
     free: Vec<NodeId>,
     bytes: usize,
@@ -65,7 +65,7 @@ impl<E> Default for Trie<E> {
 
 impl<E> Trie<E> {
     /// An empty trie.
-    pub fn new() -> Trie<E> {
+    pub(crate) fn new() -> Trie<E> {
         Trie {
             nodes: vec![Some(Node {
                 edge: Vec::new(),
@@ -82,22 +82,23 @@ impl<E> Trie<E> {
     }
 
     /// Bytes of all entries.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }
 
     /// Entries stored.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries
     }
 
     /// True when no entry is stored.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries == 0
     }
 
     /// Live nodes, the root included (for tests of the merging).
-    pub fn node_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn node_count(&self) -> usize {
         self.nodes.len() - self.free.len()
     }
 
@@ -128,7 +129,7 @@ impl<E> Trie<E> {
     }
 
     /// The entry at `id`.
-    pub fn get(&self, id: NodeId) -> Option<&E> {
+    pub(crate) fn get(&self, id: NodeId) -> Option<&E> {
         self.nodes
             .get(id)?
             .as_ref()?
@@ -137,13 +138,8 @@ impl<E> Trie<E> {
             .map(|s| &s.value)
     }
 
-    /// The depth (keys from the root) of node `id`.
-    pub fn depth(&self, id: NodeId) -> usize {
-        self.node(id).depth
-    }
-
     /// Marks the entry at `id` as just used.
-    pub fn touch(&mut self, id: NodeId) {
+    pub(crate) fn touch(&mut self, id: NodeId) {
         let t = self.next_tick();
         if let Some(s) = self.node_mut(id).entry.as_mut() {
             s.used = t;
@@ -152,7 +148,7 @@ impl<E> Trie<E> {
 
     /// Stores `value` (of `bytes`) under `keys`, returning the entry it
     /// replaces there, and the node that holds it.
-    pub fn insert(&mut self, keys: &[u64], value: E, bytes: usize) -> (NodeId, Option<E>) {
+    pub(crate) fn insert(&mut self, keys: &[u64], value: E, bytes: usize) -> (NodeId, Option<E>) {
         let mut at = ROOT;
         let mut i = 0;
         while i < keys.len() {
@@ -223,7 +219,7 @@ impl<E> Trie<E> {
     }
 
     /// The longest stored prefix of `keys` and the entries that can serve it.
-    pub fn find(&self, keys: &[u64]) -> Found {
+    pub(crate) fn find(&self, keys: &[u64]) -> Found {
         let mut at = ROOT;
         let mut matched = 0;
         let mut on_path = Vec::new();
@@ -289,7 +285,7 @@ impl<E> Trie<E> {
     }
 
     /// The entries on the path from the root to `id`, excluding `id`.
-    pub fn ancestors_with_entries(&self, id: NodeId) -> Vec<NodeId> {
+    pub(crate) fn ancestors_with_entries(&self, id: NodeId) -> Vec<NodeId> {
         let mut out = Vec::new();
         let mut at = self.node(id).parent;
         while let Some(p) = at {
@@ -302,7 +298,7 @@ impl<E> Trie<E> {
     }
 
     /// Removes and returns the entry at `id`, merging nodes it leaves bare.
-    pub fn remove(&mut self, id: NodeId) -> Option<E> {
+    pub(crate) fn remove(&mut self, id: NodeId) -> Option<E> {
         let slot = self.nodes.get_mut(id)?.as_mut()?.entry.take()?;
         self.bytes -= slot.bytes;
         self.entries -= 1;
@@ -311,7 +307,7 @@ impl<E> Trie<E> {
     }
 
     /// The least recently used entry.
-    pub fn oldest(&self) -> Option<NodeId> {
+    pub(crate) fn oldest(&self) -> Option<NodeId> {
         self.nodes
             .iter()
             .enumerate()
@@ -322,7 +318,7 @@ impl<E> Trie<E> {
 
     /// Evicts least recently used entries until at most `budget` bytes are
     /// held; returns them, oldest first.
-    pub fn evict_to(&mut self, budget: usize) -> Vec<E> {
+    pub(crate) fn evict_to(&mut self, budget: usize) -> Vec<E> {
         let mut out = Vec::new();
         while self.bytes > budget {
             let id = self.oldest().expect("bytes held means an entry exists");
@@ -332,7 +328,7 @@ impl<E> Trie<E> {
     }
 
     /// Removes every entry.
-    pub fn clear(&mut self) -> Vec<E> {
+    pub(crate) fn clear(&mut self) -> Vec<E> {
         let mut out = Vec::new();
         while let Some(id) = self.oldest() {
             out.extend(self.remove(id));
@@ -371,3 +367,6 @@ impl<E> Trie<E> {
         self.prune(parent);
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -7,9 +7,8 @@ use mlx_tensor::{Array, Dtype};
 use serde_json::Value;
 
 use super::{QuantConfig, QuantParams, QuantizedTensor};
-use crate::config::ModelConfig;
 use crate::error::{Error, Result, read_json};
-use crate::weights::{validate_header, weight_files};
+use crate::weights::{TensorLayout, validate_header, weight_files};
 
 /// Files copied verbatim when present (tokenizer, chat template, defaults).
 const COPIED: [&str; 9] = [
@@ -82,6 +81,8 @@ pub struct QuantizeReport {
     pub kept: Vec<String>,
     /// Files copied from the source folder.
     pub copied: Vec<String>,
+    /// Vision-tower tensors left out (a text-only copy of a multimodal checkpoint).
+    pub skipped: usize,
     /// Bytes of the source weights.
     pub source_bytes: u64,
     /// Bytes of the written model.safetensors.
@@ -89,10 +90,8 @@ pub struct QuantizeReport {
 }
 
 /// True for the matrices of an MTP head, in any of the layouts [`crate::mtp`] knows.
-pub fn is_mtp_module(path: &str, num_hidden_layers: usize) -> bool {
-    path.starts_with("mtp.")
-        || path.starts_with("model.mtp_layers.")
-        || path.starts_with(&format!("model.layers.{num_hidden_layers}."))
+pub(crate) fn is_mtp_module(path: &str, num_hidden_layers: usize) -> bool {
+    crate::mtp::MtpLayout::owns(path, num_hidden_layers)
 }
 
 /// Quantizes every linear and embedding matrix of the model in `src` into a
@@ -100,10 +99,11 @@ pub fn is_mtp_module(path: &str, num_hidden_layers: usize) -> bool {
 /// `config.json` with the `quantization` block (and its `quantization_config`
 /// copy), the tokenizer and generation files, and a README.md saying how it
 /// was made. `dst` must not exist or be empty.
+// Long: the writer's steps in order (read, quantize, write, config, README).
 pub fn quantize_folder(src: &Path, dst: &Path, opts: &QuantizeOptions) -> Result<QuantizeReport> {
     opts.validate()?;
     let config_path = src.join("config.json");
-    let config = ModelConfig::load(src)?;
+    let (_, config) = crate::model::resolve(src)?;
     let mut raw: Value = read_json(&config_path)?;
     if QuantConfig::from_config(&raw, &config_path)?.is_some() {
         return Err(Error::InvalidOption {
@@ -136,6 +136,7 @@ pub fn quantize_folder(src: &Path, dst: &Path, opts: &QuantizeOptions) -> Result
         quantized: Vec::new(),
         kept: Vec::new(),
         copied: Vec::new(),
+        skipped: 0,
         source_bytes: 0,
         written_bytes: 0,
     };
@@ -143,6 +144,10 @@ pub fn quantize_folder(src: &Path, dst: &Path, opts: &QuantizeOptions) -> Result
         validate_header(&file)?;
         report.source_bytes += file_len(&file)?;
         for (name, a) in mlx_tensor::io::load_safetensors(&file)?.tensors {
+            if TensorLayout::skips(&name) {
+                report.skipped += 1;
+                continue;
+            }
             if !a.dtype().is_float() {
                 return Err(Error::TensorDtype {
                     name,

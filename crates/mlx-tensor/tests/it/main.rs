@@ -1,0 +1,18 @@
+//! The one integration-test binary of `mlx-tensor`: a module per area, so the
+//! crate's tests build and link once (`cargo test -p mlx-tensor --test it [filter]`).
+
+mod common;
+
+mod dtype;
+mod errors;
+mod eval;
+mod fast;
+mod io;
+mod memory;
+mod ops_elementwise;
+mod ops_index;
+mod ops_reduce;
+mod ops_shape;
+mod quantize;
+mod random;
+mod views;

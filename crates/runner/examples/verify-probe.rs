@@ -1,0 +1,224 @@
+//! Cost of a verify forward (`L` rows) against a one-token step, per attention
+//! path, with the key length growing every round as in speculative decoding;
+//! and prefill time for two prompt lengths in a row (the second must not pay
+//! a per-length rebuild). One JSON line per measurement.
+//!
+//! `cargo run --release -p runner --features testing --example verify-probe --
+//! [--model DIR | --shape tiny|1.7b|8b] [--dtype bf16|f32] [--rounds N]
+//! [--paths fused,explicit,padded]`
+//!
+//! Without `--model` a random-weight Qwen3 checkpoint of `--shape` is written
+//! to a temporary folder first (the timings do not depend on the values).
+use std::path::PathBuf;
+use std::time::Instant;
+
+use mlx_tensor::{Array, Dtype};
+use runner::testing::{Arch, Fixture, write_checkpoint};
+use runner::{AttentionPath, LoadOptions, Model, set_attention_path, set_rows_kernel};
+use serde_json::json;
+
+fn shape(name: &str) -> Option<Fixture> {
+    let base = Fixture::new(Arch::Qwen3);
+    let (hidden, layers, heads, kv_heads, head_dim, intermediate, vocab) = match name {
+        "tiny" => (256, 6, 8, 4, 32, 768, 8192),
+        "1.7b" => (2048, 28, 32, 16, 64, 6144, 151_936),
+        "8b" => (4096, 36, 64, 16, 64, 12_288, 151_936),
+        _ => return None,
+    };
+    Some(Fixture {
+        hidden,
+        layers,
+        heads,
+        kv_heads,
+        head_dim,
+        intermediate,
+        vocab,
+        context: 8192,
+        dtype: Dtype::Bfloat16,
+        tied: false,
+        ..base
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Milliseconds of one evaluated forward of `ids` at the caches' offset.
+fn timed(m: &dyn Model, caches: &mut [Box<dyn kvcache::Cache>], ids: &[u32]) -> f64 {
+    let t = Array::from_slice(ids, &[ids.len() as i32]).expect("tokens");
+    let start = Instant::now();
+    let h = m.forward(&t, caches).expect("forward");
+    let l = h.dim(0);
+    let logits = m
+        .unembed(&h.slice_axis(0, l - 1, l).expect("slice"))
+        .expect("unembed");
+    logits
+        .argmax(-1, false)
+        .expect("argmax")
+        .eval()
+        .expect("eval");
+    start.elapsed().as_secs_f64() * 1e3
+}
+
+// A benchmark binary: notes go to stderr, results to stdout.
+#[allow(clippy::print_stdout, clippy::print_stderr)]
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let (mut model, mut shape_name, mut dtype, mut rounds) =
+        (None, "tiny".to_owned(), Dtype::Bfloat16, 24usize);
+    let mut paths = vec![
+        AttentionPath::Fused,
+        AttentionPath::Explicit,
+        AttentionPath::Padded,
+    ];
+    while let Some(a) = args.next() {
+        let mut val = || args.next().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--model" => model = Some(PathBuf::from(val()?)),
+            "--shape" => shape_name = val()?,
+            "--dtype" => {
+                dtype = match val()?.as_str() {
+                    "bf16" => Dtype::Bfloat16,
+                    "f32" => Dtype::Float32,
+                    d => return Err(format!("--dtype {d}: bf16 or f32").into()),
+                }
+            }
+            "--rounds" => rounds = val()?.parse()?,
+            "--paths" => {
+                paths = val()?
+                    .split(',')
+                    .map(|p| AttentionPath::parse(p).ok_or(format!("--paths: unknown `{p}`")))
+                    .collect::<Result<_, _>>()?
+            }
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    let tmp;
+    let dir = match model {
+        Some(d) => d,
+        None => {
+            let fx = shape(&shape_name).ok_or(format!("--shape {shape_name}: tiny, 1.7b, 8b"))?;
+            tmp = std::env::temp_dir().join(format!("verify-probe-{shape_name}"));
+            if !tmp.join("config.json").exists() {
+                let start = Instant::now();
+                write_checkpoint(&tmp, &fx, 7)?;
+                eprintln!(
+                    "wrote {} in {:.1} s",
+                    tmp.display(),
+                    start.elapsed().as_secs_f64()
+                );
+            }
+            tmp.clone()
+        }
+    };
+    let opts = LoadOptions {
+        dtype,
+        ..LoadOptions::default()
+    };
+    let loaded = runner::load(&dir, opts, |_, _| {})?;
+    let m = loaded.model.as_ref();
+    let vocab = m.config().vocab_size as u32;
+    let ids = |n: usize, salt: u32| -> Vec<u32> {
+        (0..n as u32)
+            .map(|i| (i * 7919 + salt) % (vocab - 3) + 3)
+            .collect()
+    };
+    let dt = format!("{dtype:?}");
+    for &path in &paths {
+        set_attention_path(path);
+        let p = format!("{path:?}").to_lowercase();
+        // Prefill: a 1,000-token prompt, then another of 777 in fresh caches.
+        for (i, n) in [1000usize, 777, 1000].into_iter().enumerate() {
+            let mut caches = m.new_caches();
+            let ms = timed(m, &mut caches, &ids(n, i as u32));
+            println!(
+                "{}",
+                json!({"probe":"prefill","path":p,"dtype":dt,"prompt_tokens":n,"request":i,"ms":ms})
+            );
+        }
+        for rows in 1..=5usize {
+            let mut caches = m.new_caches();
+            timed(m, &mut caches, &ids(1000, 9));
+            let mut times = Vec::new();
+            for r in 0..rounds + 2 {
+                let ms = timed(m, &mut caches, &ids(rows, r as u32));
+                if r >= 2 {
+                    times.push(ms);
+                }
+            }
+            println!(
+                "{}",
+                json!({"probe":"verify","path":p,"dtype":dt,"rows":rows,"median_ms":median(times.clone()),
+                       "max_ms":times.iter().cloned().fold(0.0, f64::max),"rounds":rounds})
+            );
+        }
+    }
+    // One matmul through the few-rows kernel and through cuBLAS, same bf16 inputs:
+    // the largest difference in units of the output's magnitude (bf16 keeps 8 bits).
+    for (n, k) in [(4096, 4096), (12_288, 4096), (4096, 12_288)] {
+        let w = mlx_tensor::random::normal(&[n, k], Dtype::Bfloat16, &mlx_tensor::random::key(3)?)?;
+        let lin = runner::models::layers::Linear::from_weight(
+            &w,
+            None,
+            runner::models::layers::LinearLayout::TransposedView,
+        )?;
+        for rows in [2, 5, 8] {
+            let x = mlx_tensor::random::normal(
+                &[1, rows, k],
+                Dtype::Bfloat16,
+                &mlx_tensor::random::key(4)?,
+            )?;
+            set_rows_kernel(false);
+            let want = lin.forward(&x)?.as_type(Dtype::Float32)?.to_vec::<f32>()?;
+            set_rows_kernel(true);
+            let got = lin.forward(&x)?.as_type(Dtype::Float32)?.to_vec::<f32>()?;
+            let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let diff = want
+                .iter()
+                .zip(&got)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            println!(
+                "{}",
+                json!({"probe":"rows-kernel-unit","n":n,"k":k,"rows":rows,"max_abs_diff":diff,"max_abs":scale,
+                       "rel":diff / scale.max(1e-30)})
+            );
+        }
+    }
+    // The few-rows CUDA matmul kernel against cuBLAS (explicit attention both times):
+    // verify time and the largest logit difference of the same verify.
+    set_attention_path(AttentionPath::Auto);
+    for rows in 2..=5usize {
+        let mut out = Vec::new();
+        for on in [false, true] {
+            set_rows_kernel(on);
+            let mut caches = m.new_caches();
+            timed(m, &mut caches, &ids(1000, 9));
+            let mut times = Vec::new();
+            for r in 0..rounds + 2 {
+                let ms = timed(m, &mut caches, &ids(rows, r as u32));
+                if r >= 2 {
+                    times.push(ms);
+                }
+            }
+            let t = Array::from_slice(&ids(rows, 99), &[rows as i32])?;
+            let logits = m.unembed(&m.forward(&t, &mut caches)?)?.to_vec::<f32>()?;
+            out.push((median(times), logits));
+        }
+        let range = out[0].1.iter().fold(0.0f32, |a, x| a.max(x.abs()));
+        let diff = out[0]
+            .1
+            .iter()
+            .zip(&out[1].1)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        println!(
+            "{}",
+            json!({"probe":"rows-kernel","dtype":dt,"rows":rows,"cublas_ms":out[0].0,"kernel_ms":out[1].0,
+                   "max_logit_diff":diff,"logit_range":range})
+        );
+    }
+    Ok(())
+}

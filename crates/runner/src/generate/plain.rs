@@ -1,0 +1,121 @@
+//! The pipelined plain decoder: the device stays one token ahead.
+//!
+//! Step `i + 1` is built from step `i`'s still-lazy token and dispatched
+//! before the host reads token `i`, so the host's detokenizing and callbacks
+//! overlap the next forward, and there is one sync per token. In a
+//! speculative session it runs the depth-0 rounds ([`Tap`]): while the depth
+//! controller keeps choosing 0, every committed token is reported to the
+//! draft run with its hidden, so drafting can resume at any round.
+
+use std::time::Instant;
+
+use mlx_tensor::Array;
+
+use super::FinishReason;
+use super::output::Flow;
+use super::step::{Decode, step};
+use crate::depth::DepthController;
+use crate::drafter::DraftRun;
+use crate::error::Result;
+use crate::session::Target;
+use crate::spec_stats::{RoundOutcome, SpecStats};
+
+/// The speculative decoder's bookkeeping that a plain stretch keeps up.
+pub(super) struct Tap<'a, 'r, 'm> {
+    pub(super) draft: &'a mut DraftRun<'r, 'm>,
+    pub(super) depth: &'a mut DepthController,
+    pub(super) stats: &'a mut SpecStats,
+}
+
+/// How a plain stretch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stretch {
+    /// Generation ended (the output's finish says why).
+    Ended,
+    /// The depth controller chose `depth` > 0 (or the run was cancelled)
+    /// for the round of `current`, emitted but not forwarded.
+    Handover { current: u32, depth: usize },
+}
+
+/// Decodes plainly from `current` (emitted, not forwarded). Without a tap
+/// it runs to the end, stepping after each read when not pipelined; with one
+/// (always pipelined) it hands over when the controller picks a depth.
+pub(super) fn run<F: FnMut(&str)>(
+    target: &mut Target<'_>,
+    d: &mut Decode<'_, F>,
+    current: u32,
+    mut tap: Option<Tap<'_, '_, '_>>,
+) -> Result<Stretch> {
+    let pos = target.offset();
+    let cur = Array::from_slice(&[current], &[1])?;
+    let first = step(target, &cur, d)?;
+    if let Some(t) = tap.as_mut() {
+        t.draft.committed(&[current], &cur, &first.hidden, pos)?;
+    }
+    target.push(current);
+    let mut y = first.next;
+    let mut t0 = Instant::now();
+    loop {
+        // The round of `y` (emitted next) at depth 0 is its forward,
+        // dispatched now; any other depth hands `y` over as `current`.
+        let more = d.more_after_next();
+        let after = d.output.left_after_next().saturating_sub(1);
+        let k = match tap.as_mut() {
+            Some(t) if more => t.depth.choose(after),
+            _ => 0,
+        };
+        let ahead = if d.pipelined && more && k == 0 {
+            Some(step(target, &y, d)?)
+        } else {
+            None
+        };
+        let id: u32 = y.item()?;
+        d.output.first_token();
+        if let Some(t) = tap.as_mut() {
+            let now = Instant::now();
+            let seconds = (now - t0).as_secs_f64();
+            t0 = now;
+            t.depth.record(0, 0, seconds);
+            t.stats.record(&RoundOutcome {
+                drafted: 0,
+                accepted: 0,
+                emitted: vec![id],
+                seconds,
+            });
+        }
+        if let Some(a) = &ahead {
+            // An end-of-sequence token forwarded ahead is dropped below.
+            if let Some(t) = tap.as_mut().filter(|_| !d.output.is_eos(id)) {
+                t.draft
+                    .committed(&[id], &y, &a.hidden, target.committed().len())?;
+            }
+            target.push(id);
+        }
+        if d.emit(id)? == Flow::Done {
+            if ahead.is_some() && d.output.result.finish == FinishReason::Eos {
+                target.drop_last()?;
+            }
+            return Ok(Stretch::Ended);
+        }
+        y = match ahead {
+            Some(a) => a.next,
+            None if tap.is_some() => {
+                return Ok(Stretch::Handover {
+                    current: id,
+                    depth: k,
+                });
+            }
+            None if !more => {
+                d.output.result.finish = FinishReason::Cancelled;
+                return Ok(Stretch::Ended);
+            }
+            None => {
+                // Not pipelined: the next forward waits for this read.
+                let arr = Array::from_slice(&[id], &[1])?;
+                let s = step(target, &arr, d)?;
+                target.push(id);
+                s.next
+            }
+        };
+    }
+}

@@ -1,0 +1,162 @@
+//! The speculative decoder: a depth controller picks `k` per round; a round
+//! drafts, verifies in one target forward and accepts; depth 0 hands over
+//! to the pipelined plain decoder.
+//!
+//! A round starts from `current`, the emitted token whose target forward has
+//! not run, at slot `pos`. The drafter proposes `d_1..d_k`; the target runs
+//! `[current, d_1..d_k]` in one forward ([`Target::begin_verify`]), giving
+//! `k + 1` distributions; the sampler's chain rule accepts a prefix
+//! `d_1..d_a` and draws the next token from the residual (or the bonus row).
+//! Everything from the forward to the acceptance is one lazy graph,
+//! evaluated with a single host sync. Then the verify guard commits
+//! `[current, d_1..d_a]`, rewinding every target cache to `pos + a + 1`, and
+//! the draft run is told which run was committed. An end-of-sequence token
+//! among the accepted drafts ends the request there and is not committed.
+
+use std::time::Instant;
+
+use mlx_tensor::{Array, ops};
+use sampler::{Distribution, accept_chain};
+
+use super::FinishReason;
+use super::output::Flow;
+use super::plain::{self, Stretch, Tap};
+use super::step::{Decode, step};
+use crate::depth::{DepthController, DepthPolicy};
+use crate::drafter::DraftRun;
+use crate::error::Result;
+use crate::session::Target;
+use crate::spec_stats::{RoundOutcome, SpecStats};
+
+/// Rounds of draft, verify, accept from `seed` (the prompt's last token,
+/// not forwarded), until the output is done or the run is cancelled.
+pub(super) fn run<F: FnMut(&str)>(
+    target: &mut Target<'_>,
+    draft: &mut DraftRun<'_, '_>,
+    d: &mut Decode<'_, F>,
+    seed: u32,
+    policy: DepthPolicy,
+) -> Result<SpecStats> {
+    let mut depth = DepthController::new(policy);
+    let mut stats = SpecStats::new(draft.method());
+    let mut current = seed;
+    // A depth chosen at the end of a plain stretch, for the round it hands over.
+    let mut chosen = None;
+    loop {
+        if d.cancelled() {
+            d.output.result.finish = FinishReason::Cancelled;
+            break;
+        }
+        // A round emits up to depth + 1 tokens; never more than the budget.
+        let budget = d.output.left_after_next();
+        let k = chosen.take().unwrap_or_else(|| depth.choose(budget));
+        if k == 0 && d.pipelined {
+            let tap = Tap {
+                draft: &mut *draft,
+                depth: &mut depth,
+                stats: &mut stats,
+            };
+            match plain::run(target, d, current, Some(tap))? {
+                Stretch::Handover { current: c, depth } => {
+                    current = c;
+                    chosen = Some(depth);
+                    continue;
+                }
+                Stretch::Ended => break,
+            }
+        }
+        let round = round(target, draft, current, k, d)?;
+        d.output.first_token();
+        depth.record(round.drafted, round.accepted, round.seconds);
+        stats.record(&round);
+        let mut done = false;
+        for &id in &round.emitted {
+            if d.emit(id)? == Flow::Done {
+                done = true;
+                break;
+            }
+        }
+        if done {
+            break;
+        }
+        current = *round
+            .emitted
+            .last()
+            .expect("a round emits at least one token");
+    }
+    Ok(stats)
+}
+
+/// Runs one round at depth `depth` (0, or a drafter with nothing to
+/// propose: a plain step that still reports its run to the draft run).
+fn round<F: FnMut(&str)>(
+    target: &mut Target<'_>,
+    draft: &mut DraftRun<'_, '_>,
+    current: u32,
+    depth: usize,
+    d: &mut Decode<'_, F>,
+) -> Result<RoundOutcome> {
+    let t0 = Instant::now();
+    let pos = target.offset();
+    let cur = Array::from_slice(&[current], &[1])?;
+    let proposal = draft.propose(current, &cur, target.committed(), depth, d.draft_sampling())?;
+    let Some(proposal) = proposal else {
+        let s = step(target, &cur, d)?;
+        // The step's one sync: the sample's graph holds the forward, and so
+        // every cache write and the hidden reported below.
+        let next: u32 = s.next.item()?;
+        draft.committed(&[current], &cur, &s.hidden, pos)?;
+        target.push(current);
+        return Ok(RoundOutcome {
+            drafted: 0,
+            accepted: 0,
+            emitted: vec![next],
+            seconds: t0.elapsed().as_secs_f64(),
+        });
+    };
+
+    let k = proposal.len;
+    let model = target.model();
+    let input = ops::concatenate(&[cur, proposal.tokens.clone()], 0)?;
+    let verify = target.begin_verify(&input, k)?;
+    let hidden = verify.hidden().clone();
+    let logits = model.unembed(&hidden)?;
+    // Penalties see the draft chain up to each row; without penalties the
+    // chain is irrelevant and reading it would cost a sync.
+    let chain = if d.options.uses_penalties() {
+        proposal.tokens.to_vec::<u32>()?
+    } else {
+        Vec::new()
+    };
+    let dist = Distribution::from_logits(&logits, d.options, &d.history, &chain)?;
+    let acceptance = accept_chain(&dist, &proposal.dist, &proposal.tokens, &d.keys.next_key()?)?;
+    // The round's one sync: the acceptance's graph holds the target forward
+    // (every cache write, the hiddens reported below) and the draft chain.
+    let mut emitted = acceptance.read_emitted()?;
+    let accepted = emitted.len() - 1;
+    // Keep `current` and the accepted drafts before any end-of-sequence token.
+    let keep_drafts = match emitted.iter().position(|&t| d.output.is_eos(t)) {
+        Some(i) => {
+            emitted.truncate(i + 1);
+            i.min(accepted)
+        }
+        None => accepted,
+    };
+    let keep = keep_drafts + 1;
+    let kept: Vec<u32> = std::iter::once(current)
+        .chain(emitted[..keep_drafts].iter().copied())
+        .collect();
+    verify.commit(&kept)?;
+    draft.committed(
+        &kept,
+        &input.slice_axis(0, 0, keep as i32)?,
+        &hidden.slice_axis(0, 0, keep as i32)?,
+        pos,
+    )?;
+    Ok(RoundOutcome {
+        drafted: k,
+        accepted,
+        emitted,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,250 @@
+//! Which attention kernel a layer uses for a given query length, dtype and
+//! backend, and the explicit (matmul + softmax) form MLX's fused kernel is
+//! replaced by where the fused kernel is slow.
+//!
+//! Why: on CUDA, MLX 0.32's fused attention sends more than one query row in
+//! bf16/f16 to cuDNN, which builds a new graph for every new key length
+//! (~50 ms each, measured on an H200, `../shared/reference/mlx-cuda.md`). A
+//! speculative verify (`k + 1` rows, one round longer each time), the MTP
+//! head's multi-row flushes and every prefill chunk of a new length paid it.
+//! One query row goes to MLX's own vector kernel at any key length, and Metal
+//! has a vector kernel for short queries, so the fused op stays there.
+
+use std::cell::{Cell, RefCell};
+
+use mlx_tensor::{Array, Dtype, fast, ops};
+
+use crate::error::Result;
+
+/// How attention over more than one query row is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionPath {
+    /// The best measured path for the backend: fused except for multi-row
+    /// bf16/f16 attention on CUDA, which runs [`AttentionPath::Explicit`].
+    #[default]
+    Auto,
+    /// Always MLX's fused `scaled_dot_product_attention`.
+    Fused,
+    /// Always the explicit form for more than one query row.
+    Explicit,
+    /// The fused kernel over the whole preallocated cache buffer with a mask,
+    /// so the key length only changes when the buffer grows (256 slots).
+    /// Kept for measurement; see docs/bench.
+    Padded,
+}
+
+impl AttentionPath {
+    /// Parses `auto`, `fused`, `explicit`, `padded`.
+    pub fn parse(s: &str) -> Option<AttentionPath> {
+        Some(match s {
+            "auto" => AttentionPath::Auto,
+            "fused" => AttentionPath::Fused,
+            "explicit" => AttentionPath::Explicit,
+            "padded" => AttentionPath::Padded,
+            _ => return None,
+        })
+    }
+}
+
+thread_local! {
+    /// This thread's choice (MLX work runs on one thread; tests set their own).
+    static PATH: Cell<Option<AttentionPath>> = const { Cell::new(None) };
+    /// The causal mask of the last explicit attention: every layer of one
+    /// forward shares its query and key lengths, so they share one node.
+    static MASK: RefCell<Option<(i32, i32, Dtype, Array)>> = const { RefCell::new(None) };
+}
+
+/// Sets the attention path for this thread's later forwards. The default is
+/// `MTP_ATTENTION` from the environment (`auto`, `fused`, `explicit`,
+/// `padded`), else [`AttentionPath::Auto`].
+pub fn set_attention_path(path: AttentionPath) {
+    PATH.with(|p| p.set(Some(path)));
+}
+
+/// This thread's attention path (see [`set_attention_path`]).
+pub fn attention_path() -> AttentionPath {
+    PATH.with(|p| match p.get() {
+        Some(path) => path,
+        None => {
+            let path = std::env::var("MTP_ATTENTION")
+                .ok()
+                .and_then(|s| AttentionPath::parse(&s))
+                .unwrap_or_default();
+            p.set(Some(path));
+            path
+        }
+    })
+}
+
+/// Scores `[heads, L, S]` in f32 above which the explicit form is not worth
+/// its memory and the fused kernel is used even on CUDA (a long prefill chunk
+/// over a long prefix; one graph build there is small against the chunk).
+const EXPLICIT_SCORE_BYTES: usize = 512 << 20;
+
+/// What `attend` does for one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    Fused,
+    Explicit,
+    Padded,
+}
+
+/// The kernel for `rows` query rows over `keys` keys with `heads` query heads.
+pub(crate) fn choose(rows: i32, keys: i32, heads: i32, dtype: Dtype) -> Kernel {
+    if rows <= 1 {
+        return Kernel::Fused;
+    }
+    match attention_path() {
+        AttentionPath::Fused => Kernel::Fused,
+        AttentionPath::Explicit => Kernel::Explicit,
+        AttentionPath::Padded => Kernel::Padded,
+        AttentionPath::Auto => {
+            let half = matches!(dtype, Dtype::Bfloat16 | Dtype::Float16);
+            let bytes = 4 * heads as usize * rows as usize * keys as usize;
+            if half && on_cuda() && bytes <= EXPLICIT_SCORE_BYTES {
+                Kernel::Explicit
+            } else {
+                Kernel::Fused
+            }
+        }
+    }
+}
+
+/// True when new work runs on MLX's CUDA backend (a GPU that is not Metal).
+pub(crate) fn on_cuda() -> bool {
+    !cfg!(target_os = "macos")
+        && mlx_tensor::default_device() == mlx_tensor::Device::Gpu
+        && mlx_tensor::gpu_available()
+}
+
+/// `softmax(q kᵀ · scale + causal) v` for `q: [1, Hq, L, D]` over `k, v:
+/// [1, Hkv, S, D]` (`S ≥ L`, the last `L` keys are the queries' own), grouped
+/// by reshaping instead of repeating the keys. The softmax runs in f32.
+pub(crate) fn explicit(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
+    let (hq, l, d) = (q.dim(1), q.dim(2), q.dim(3));
+    let (hkv, s) = (k.dim(1), k.dim(2));
+    let g = hq / hkv;
+    let q = q
+        .multiply(&Array::scalar(scale, q.dtype())?)?
+        .reshape(&[1, hkv, g * l, d])?;
+    let scores = q
+        .matmul(&k.swapaxes(-1, -2)?)?
+        .reshape(&[1, hkv, g, l, s])?;
+    let scores = scores.add(&causal_bias(l, s, scores.dtype())?)?;
+    let p = scores.softmax(&[-1], true)?.reshape(&[1, hkv, g * l, s])?;
+    Ok(p.matmul(v)?.reshape(&[1, hq, l, d])?)
+}
+
+/// The fused kernel over the cache's whole buffers `k, v: [1, Hkv, C, D]` whose
+/// first `live` slots are valid: query `i` of `L` sees keys `0..=live-L+i`.
+pub(crate) fn padded(q: &Array, k: &Array, v: &Array, live: i32, scale: f32) -> Result<Array> {
+    let (l, c) = (q.dim(2), k.dim(2));
+    let cols = ops::arange(0.0, c as f64, 1.0, Dtype::Int32)?.reshape(&[1, c])?;
+    let last = ops::arange((live - l) as f64, live as f64, 1.0, Dtype::Int32)?.reshape(&[l, 1])?;
+    let mask = cols.less_equal(&last)?;
+    Ok(fast::scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        scale,
+        fast::Mask::Array(&mask),
+    )?)
+}
+
+/// Additive causal bias `[L, S]` (0 where query `i` sees key `j ≤ S-L+i`, −∞
+/// elsewhere), shared by every layer of a forward.
+fn causal_bias(l: i32, s: i32, dtype: Dtype) -> Result<Array> {
+    MASK.with(|m| {
+        if let Some((ml, ms, md, a)) = m.borrow().as_ref()
+            && (*ml, *ms, *md) == (l, s, dtype)
+        {
+            return Ok(a.clone());
+        }
+        // The bias is exact in any float dtype (0 or −∞), so it is made in the scores' dtype.
+        let bias = ops::tri(l, s, s - l, Dtype::Float32)?;
+        let zero = Array::scalar(0.0, dtype)?;
+        let neg = Array::scalar(f32::NEG_INFINITY, dtype)?;
+        let bias = ops::r#where(&bias.as_type(Dtype::Bool)?, &zero, &neg)?;
+        *m.borrow_mut() = Some((l, s, dtype, bias.clone()));
+        Ok(bias)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_tensor::random;
+
+    fn rand(shape: &[i32], seed: u64) -> Array {
+        random::normal(shape, Dtype::Float32, &random::key(seed).unwrap()).unwrap()
+    }
+
+    fn max_diff(a: &Array, b: &Array) -> f32 {
+        let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    }
+
+    /// The explicit and padded forms equal MLX's fused causal attention
+    /// (within 1e-5, f32) for query lengths 2..=7, key lengths from L up,
+    /// with and without grouped heads.
+    #[test]
+    fn explicit_and_padded_match_fused() {
+        for (hq, hkv) in [(4, 4), (8, 2), (6, 1)] {
+            for l in 2..=7 {
+                for s in [l, l + 1, l + 37, 300] {
+                    let seed = (hq * 1000 + l * 10 + s) as u64;
+                    let q = rand(&[1, hq, l, 16], seed);
+                    let k = rand(&[1, hkv, s, 16], seed + 1);
+                    let v = rand(&[1, hkv, s, 16], seed + 2);
+                    let want =
+                        fast::scaled_dot_product_attention(&q, &k, &v, 0.25, fast::Mask::Causal)
+                            .unwrap();
+                    let got = explicit(&q, &k, &v, 0.25).unwrap();
+                    let d = max_diff(&want, &got);
+                    assert!(d < 1e-5, "explicit hq={hq} hkv={hkv} L={l} S={s}: {d}");
+                    // A buffer with 256-slot capacity whose tail holds garbage.
+                    let cap = (s + 255) / 256 * 256;
+                    let pad = |a: &Array, seed| {
+                        let tail = rand(&[1, hkv, cap - s, 16], seed);
+                        ops::concatenate(&[a.clone(), tail], 2).unwrap()
+                    };
+                    let (kp, vp) = if cap > s {
+                        (pad(&k, seed + 3), pad(&v, seed + 4))
+                    } else {
+                        (k.clone(), v.clone())
+                    };
+                    let got = padded(&q, &kp, &vp, s, 0.25).unwrap();
+                    let d = max_diff(&want, &got);
+                    assert!(d < 1e-5, "padded hq={hq} hkv={hkv} L={l} S={s}: {d}");
+                }
+            }
+        }
+    }
+
+    /// The shared bias is rebuilt when the shape changes (a stale one would
+    /// have the wrong width or hide the wrong keys).
+    #[test]
+    fn causal_bias_follows_the_shape() {
+        let a = causal_bias(3, 5, Dtype::Float32).unwrap();
+        assert_eq!(a.shape().as_slice(), &[3, 5]);
+        let b = causal_bias(2, 6, Dtype::Float32).unwrap();
+        assert_eq!(b.shape().as_slice(), &[2, 6]);
+        let v = b.to_vec::<f32>().unwrap();
+        // Query 0 of 2 over 6 keys sees keys 0..=4; query 1 sees all 6.
+        assert!(v[..5].iter().all(|&x| x == 0.0) && v[5] == f32::NEG_INFINITY);
+        assert!(v[6..].iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn auto_keeps_one_row_fused() {
+        assert_eq!(choose(1, 1000, 32, Dtype::Bfloat16), Kernel::Fused);
+        // This machine has no CUDA: auto stays fused for several rows too.
+        if !on_cuda() {
+            assert_eq!(choose(5, 1000, 32, Dtype::Bfloat16), Kernel::Fused);
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! `x @ W.T` for a few rows of `x` on CUDA, reading the weight once.
+//!
+//! Why: MLX 0.32's CUDA matmul has its own GEMV kernel for one row and sends
+//! two or more rows to cuBLASLt, whose GEMM for 2–8 rows of a decoder-sized
+//! bf16 weight cost about twice the one-row kernel on an H200 (a speculative
+//! verify of `k + 1` rows, measured with `examples/verify-probe.rs`). A verify
+//! is bound by reading the weights, exactly like a step, so one pass over the
+//! weight for all rows is what it should cost. The kernel below gives each
+//! warp one output feature: its 32 lanes stream that weight row in 16-byte
+//! loads and keep one f32 sum per input row.
+
+use std::cell::Cell;
+
+use mlx_tensor::fast::{CudaKernel, CudaLaunch};
+use mlx_tensor::{Array, Dtype};
+
+use crate::error::Result;
+
+/// The most rows the kernel takes (one f32 accumulator each per lane).
+pub(crate) const MAX_ROWS: i32 = 8;
+
+const KERNEL: CudaKernel<'static> = CudaKernel {
+    name: "mtp_rows_matmul_t",
+    source: SOURCE,
+    inputs: ["x", "w"],
+    output: "y",
+};
+
+/// `y[m, n] = Σ_k x[m, k] · w[n, k]` for `ROWS` rows; `x`, `w` bf16,
+/// `K % 8 == 0`. One warp per `n`; lane `l` reads `w[n, 8l + 256j ..]`.
+const SOURCE: &str = r#"
+  const int K = w_shape[1];
+  const int N = w_shape[0];
+  const int lane = threadIdx.x & 31;
+  const int n = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (n >= N) return;
+  float acc[ROWS];
+  #pragma unroll
+  for (int m = 0; m < ROWS; ++m) acc[m] = 0.0f;
+  const auto* wr = w + (size_t)n * K;
+  for (int k = lane * 8; k < K; k += 256) {
+    uint4 wv = *reinterpret_cast<const uint4*>(wr + k);
+    const __nv_bfloat16* wp = reinterpret_cast<const __nv_bfloat16*>(&wv);
+    float wf[8];
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) wf[j] = __bfloat162float(wp[j]);
+    #pragma unroll
+    for (int m = 0; m < ROWS; ++m) {
+      uint4 xv = *reinterpret_cast<const uint4*>(x + (size_t)m * K + k);
+      const __nv_bfloat16* xp = reinterpret_cast<const __nv_bfloat16*>(&xv);
+      #pragma unroll
+      for (int j = 0; j < 8; ++j) acc[m] += wf[j] * __bfloat162float(xp[j]);
+    }
+  }
+  #pragma unroll
+  for (int m = 0; m < ROWS; ++m) {
+    float v = acc[m];
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
+    if (lane == 0) y[(size_t)m * N + n] = __float2bfloat16(v);
+  }
+"#;
+
+thread_local! {
+    /// `MTP_ROWS_KERNEL=0` turns the kernel off (for measurement).
+    static ENABLED: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// Turns the few-rows CUDA kernel on or off for this thread's later forwards
+/// (default: on, unless `MTP_ROWS_KERNEL=0`).
+pub fn set_rows_kernel(on: bool) {
+    ENABLED.with(|e| e.set(Some(on)));
+}
+
+/// Whether the kernel may be used on this thread.
+pub(crate) fn enabled() -> bool {
+    ENABLED.with(|e| match e.get() {
+        Some(v) => v,
+        None => {
+            let v = std::env::var("MTP_ROWS_KERNEL").map_or(true, |s| s != "0");
+            e.set(Some(v));
+            v
+        }
+    })
+}
+
+/// Whether `rows` rows of width `k` in `dtype` go to the kernel on this backend.
+pub(crate) fn applies(rows: i32, k: i32, dtype: Dtype) -> bool {
+    (2..=MAX_ROWS).contains(&rows)
+        && k % 8 == 0
+        && dtype == Dtype::Bfloat16
+        && crate::models::sdpa::on_cuda()
+        && enabled()
+}
+
+/// `x @ w.T` for bf16 `x: [M, K]` (`2 ≤ M ≤ 8`) and a row-contiguous bf16
+/// `w: [N, K]`.
+pub(crate) fn matmul_t(x: &Array, w: &Array) -> Result<Array> {
+    let (m, n) = (x.dim(0), w.dim(0));
+    let launch = CudaLaunch {
+        shape: &[m, n],
+        dtype: x.dtype(),
+        grid: [n * 32, 1, 1],
+        block: [256, 1, 1],
+        template: ("ROWS", m),
+    };
+    Ok(KERNEL.apply(x, w, &launch)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a machine without CUDA the kernel is never chosen, and calling it
+    /// is an error (MLX's CPU build has no CUDA backend), not an abort.
+    #[test]
+    fn cpu_never_takes_the_kernel() {
+        assert!(!applies(4, 1024, Dtype::Bfloat16));
+        let x = mlx_tensor::ops::zeros(&[2, 16], Dtype::Bfloat16).unwrap();
+        let w = mlx_tensor::ops::zeros(&[32, 16], Dtype::Bfloat16).unwrap();
+        assert!(matmul_t(&x, &w).and_then(|y| Ok(y.eval()?)).is_err());
+    }
+}

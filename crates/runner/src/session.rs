@@ -1,0 +1,456 @@
+//! [`Session`]: one sequence's target stack (caches, committed tokens,
+//! restore points) and its drafter, and every way to move them back.
+//!
+//! The target stack is a [`Target`], the only code that writes or restores
+//! the target caches (see `session/target.rs`). A session adds the drafter
+//! of a speculative mode and keeps the two in step: between calls every
+//! target cache's offset equals the committed tokens, and an MTP drafter's
+//! draft caches stand one slot behind (the pair at the last committed slot
+//! needs the token after it). Rewinding the target to `n` therefore rewinds
+//! the draft caches to `n - 1`: that drops the pair at slot `n - 1`, whose
+//! look-ahead token `n` came from the old sequence (the stale boundary
+//! pair), while every pair kept names only tokens below `n`.
+//!
+//! Generation itself is [`Session::generate`] (in `generate.rs`); the prefix
+//! cache stores and restores a session through [`AtRest`].
+
+mod points;
+mod target;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kvcache::{Cache, Snapshot};
+use mlx_tensor::Array;
+
+use crate::drafter::{
+    DraftMethod, DraftRun, Drafter, ModelDrafter, MtpDrafter, NgramDrafter, NgramOptions,
+};
+use crate::error::{Error, Result};
+use crate::model::Model;
+pub(crate) use target::Target;
+
+/// Prompt tokens per prefill forward.
+pub(crate) const PREFILL_CHUNK: usize = 2048;
+
+/// How a session drafts: the one choice the CLI's `generate` and `chat` and
+/// a library user make the same way, with [`Session::open`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Speculation {
+    /// Plain decoding.
+    Off,
+    /// The model's own MTP head ([`Error::NoMtpHead`] without one).
+    Mtp,
+    /// A separate draft model with the same tokenizer (load it with
+    /// [`crate::load_draft`]).
+    DraftModel,
+    /// N-gram prompt lookup (no model).
+    Ngram,
+    /// MTP when the model has a head, else the draft model when one is
+    /// given, else n-gram lookup (whose auto depth falls back to plain steps
+    /// when drafts do not pay).
+    #[default]
+    Auto,
+}
+
+impl Speculation {
+    /// Whether opening a session of `target` in this mode uses a draft
+    /// model (so it is worth loading one).
+    pub fn uses_draft_model(self, target: &dyn Model) -> bool {
+        match self {
+            Speculation::DraftModel => true,
+            Speculation::Auto => target.mtp_head().is_none(),
+            Speculation::Off | Speculation::Mtp | Speculation::Ngram => false,
+        }
+    }
+}
+
+/// Length of the common prefix of two token sequences.
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// One sequence's caches and the tokens they hold, plus the drafter of a
+/// speculative session.
+pub struct Session<'m> {
+    pub(crate) target: Target<'m>,
+    /// The drafter of a speculative session. Between calls an MTP drafter's
+    /// draft caches hold the pairs of every committed slot but the last
+    /// (whose pair needs the token after it); a draft model holds a prefix of
+    /// the committed tokens (re-synced when a request opens).
+    pub(crate) drafter: Option<Drafter<'m>>,
+}
+
+impl std::fmt::Debug for Session<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("target", &self.target)
+            .field("drafter", &self.drafter_method())
+            .finish()
+    }
+}
+
+impl<'m> Session<'m> {
+    /// A session with fresh caches that decodes plainly.
+    pub fn new(model: &'m dyn Model) -> Session<'m> {
+        Session {
+            target: Target::new(model),
+            drafter: None,
+        }
+    }
+
+    /// A session of `target` decoding as `mode` asks; `draft` is the draft
+    /// model for [`Speculation::DraftModel`] (and [`Speculation::Auto`] on a
+    /// model without an MTP head).
+    ///
+    /// # Errors
+    /// [`Error::NoMtpHead`] for [`Speculation::Mtp`] on a model without a
+    /// head; [`Error::InvalidOption`] for [`Speculation::DraftModel`]
+    /// without a draft model, or a draft model with a mode that never uses
+    /// one.
+    pub fn open(
+        target: &'m dyn Model,
+        mode: Speculation,
+        draft: Option<&'m dyn Model>,
+    ) -> Result<Session<'m>> {
+        let ngram = || Session::with_ngram(target, NgramOptions::default());
+        let unused = |name: &str| Error::InvalidOption {
+            option: "draft model",
+            message: format!(
+                "speculation `{name}` does not use a draft model: open the session with \
+                 `draft-model` (or `auto`), or pass no draft model"
+            ),
+        };
+        Ok(match (mode, draft) {
+            (Speculation::Off, None) => Session::new(target),
+            (Speculation::Mtp, None) => Session::with_mtp(target)?,
+            (Speculation::Ngram, None) => ngram(),
+            (Speculation::Off, Some(_)) => return Err(unused("off")),
+            (Speculation::Mtp, Some(_)) => return Err(unused("mtp")),
+            (Speculation::Ngram, Some(_)) => return Err(unused("ngram")),
+            (Speculation::DraftModel, Some(d)) => Session::with_draft_model(target, d),
+            (Speculation::DraftModel, None) => {
+                return Err(Error::InvalidOption {
+                    option: "draft model",
+                    message: "speculation `draft-model` needs a draft model (a smaller model \
+                              with the same tokenizer, loaded with `load_draft`)"
+                        .into(),
+                });
+            }
+            (Speculation::Auto, d) => match (Session::with_mtp(target), d) {
+                (Ok(s), _) => s,
+                (Err(_), Some(d)) => Session::with_draft_model(target, d),
+                (Err(_), None) => ngram(),
+            },
+        })
+    }
+
+    /// A session that decodes speculatively with the model's MTP head.
+    pub fn with_mtp(model: &'m dyn Model) -> Result<Session<'m>> {
+        let head = model.mtp_head().ok_or(Error::NoMtpHead)?;
+        Ok(Session::with_drafter(
+            model,
+            Drafter::Mtp(MtpDrafter::new(head)),
+        ))
+    }
+
+    /// A session that decodes speculatively with a separate draft model
+    /// (load it with [`crate::load_draft`], which checks that the
+    /// tokenizers agree).
+    pub fn with_draft_model(model: &'m dyn Model, draft: &'m dyn Model) -> Session<'m> {
+        let drafter = ModelDrafter::new(draft, model.vocab_size());
+        Session::with_drafter(model, Drafter::Model(drafter))
+    }
+
+    /// A session that decodes speculatively with n-gram prompt lookup.
+    pub fn with_ngram(model: &'m dyn Model, options: NgramOptions) -> Session<'m> {
+        let drafter = NgramDrafter::new(model.vocab_size(), options);
+        Session::with_drafter(model, Drafter::Ngram(drafter))
+    }
+
+    fn with_drafter(model: &'m dyn Model, drafter: Drafter<'m>) -> Session<'m> {
+        Session {
+            target: Target::new(model),
+            drafter: Some(drafter),
+        }
+    }
+
+    /// True when the session drafts (with any drafter).
+    pub fn is_speculative(&self) -> bool {
+        self.drafter.is_some()
+    }
+
+    /// The drafter's method, or `None` for a plain session.
+    pub fn drafter_method(&self) -> Option<DraftMethod> {
+        self.drafter.as_ref().map(Drafter::method)
+    }
+
+    /// The target model.
+    pub fn model(&self) -> &'m dyn Model {
+        self.target.model()
+    }
+
+    /// Tokens in the caches.
+    pub fn committed(&self) -> &[u32] {
+        self.target.committed()
+    }
+
+    /// The caches' common offset.
+    ///
+    /// # Panics
+    /// When the caches disagree with each other or with [`Session::committed`]
+    /// (broken bookkeeping, a bug).
+    pub fn offset(&self) -> usize {
+        self.target.offset()
+    }
+
+    /// The target caches.
+    pub fn caches(&self) -> &[Box<dyn Cache>] {
+        self.target.caches()
+    }
+
+    /// The look-ahead of prefix-cache keys for this session: 1 when its
+    /// drafter keeps draft caches (draft slot `i` holds token `i + 1`), else 0.
+    pub fn lookahead(&self) -> usize {
+        self.drafter.as_ref().map_or(0, Drafter::lookahead)
+    }
+
+    /// The MTP head's draft caches (empty for other sessions and for a
+    /// cacheless head).
+    pub fn draft_caches(&self) -> &[Box<dyn Cache>] {
+        self.drafter.as_ref().map_or(&[], Drafter::paired_caches)
+    }
+
+    /// Forwards known tokens in chunks; returns the hidden rows `[n, H]` of the last
+    /// chunk (lazy), or `None` for no tokens or on cancellation between chunks.
+    /// A speculative session reports the chunks to its drafter.
+    pub fn prefill(
+        &mut self,
+        tokens: &[u32],
+        chunk: usize,
+        cancel: &AtomicBool,
+    ) -> Result<Option<Array>> {
+        let mut draft = match self.drafter.as_mut() {
+            Some(d) => Some(d.open(self.target.committed())?),
+            None => None,
+        };
+        let last = prefill_chunks(&mut self.target, tokens, chunk, cancel, draft.as_mut())?;
+        if let Some(d) = draft {
+            d.close()?;
+        }
+        Ok(last)
+    }
+
+    /// Rewinds the session to its first `n` committed tokens: the target
+    /// caches to `n`, the draft caches to `n - 1` (dropping the boundary pair
+    /// whose look-ahead token was the old token `n`).
+    ///
+    /// Caches that rewind by offset (full attention) just move back. A
+    /// recurrent layer goes back only to a state captured earlier (a restore
+    /// point); when there is none at `n`, the session restarts from the
+    /// nearest point below (a capture, else fresh caches) and forwards the
+    /// tokens in between again, so the result is the same state, only
+    /// slower. An MTP session also needs the point at `n - 1` (its next
+    /// request re-runs token `n - 1`), or it replays from below that.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when `n` is past the committed tokens; MLX
+    /// errors of the replay.
+    pub fn rewind_to(&mut self, n: usize) -> Result<()> {
+        self.rewind_replaying(n).map(|_| ())
+    }
+
+    /// Keeps the longest prefix of `prompt` the session already holds, but
+    /// never all of it (at least one prompt token is evaluated again, to
+    /// produce the first sample): rewinds to that length and returns it.
+    /// Generate from `prompt[n..]` afterwards.
+    pub fn reuse_prefix(&mut self, prompt: &[u32]) -> Result<usize> {
+        let n = common_prefix(self.committed(), prompt).min(prompt.len().saturating_sub(1));
+        self.rewind_to(n)?;
+        Ok(n)
+    }
+
+    /// The offset [`Session::rewind_to`] would replay from to reach `n`
+    /// (`n` itself when it forwards nothing).
+    pub(crate) fn replay_from(&self, n: usize) -> usize {
+        let t = &self.target;
+        let n = n.min(t.committed().len());
+        let paired = self.lookahead() > 0;
+        let back_ok = !paired || n == 0 || t.reaches(n - 1);
+        if back_ok && t.reaches(n) {
+            return n;
+        }
+        let below = if paired { n.saturating_sub(1) } else { n };
+        t.deepest(below).unwrap_or(0)
+    }
+
+    /// [`Session::rewind_to`], returning how many tokens it forwarded again.
+    pub(crate) fn rewind_replaying(&mut self, n: usize) -> Result<usize> {
+        let have = self.committed().len();
+        if n > have {
+            return Err(Error::InvalidOption {
+                option: "rewind_to",
+                message: format!(
+                    "cannot rewind to {n} tokens: the session holds {have}; \
+                     pass at most {have}"
+                ),
+            });
+        }
+        if n == have {
+            return Ok(0);
+        }
+        let from = self.replay_from(n);
+        let mut replay = self.target.rewind_reachable(from)?;
+        replay.truncate(n - from);
+        let level = if replay.is_empty() {
+            draft_level(n)
+        } else {
+            // The replay reports its run from `from` to the drafter, which
+            // pairs it from the draft caches' offset: they stand level.
+            from
+        };
+        if let Some(d) = self.drafter.as_mut() {
+            d.rewind(level)?;
+        }
+        if !replay.is_empty() {
+            let never = AtomicBool::new(false);
+            self.prefill(&replay, PREFILL_CHUNK, &never)?;
+        }
+        self.offset();
+        tracing::debug!(
+            from = have,
+            to = n,
+            replayed = replay.len(),
+            "session rewound"
+        );
+        Ok(replay.len())
+    }
+
+    /// Snapshots of every cache at rest, for a prefix-cache entry.
+    pub(crate) fn at_rest(&self) -> Result<AtRest> {
+        let tokens = self.offset();
+        let level = draft_level(tokens);
+        for (i, c) in self.draft_caches().iter().enumerate() {
+            assert_eq!(
+                c.offset(),
+                level,
+                "draft cache {i} at {} with {tokens} committed tokens",
+                c.offset()
+            );
+        }
+        let sliceable = self
+            .caches()
+            .iter()
+            .chain(self.draft_caches())
+            .all(|c| c.rewinds_by_offset());
+        let back = if sliceable {
+            None
+        } else {
+            self.target.back_point(tokens.saturating_sub(1))?
+        };
+        let draft = self
+            .draft_caches()
+            .iter()
+            .map(|c| c.snapshot())
+            .collect::<Result<_, _>>()?;
+        Ok(AtRest {
+            tokens,
+            target: self.target.snapshots()?,
+            draft,
+            sliceable,
+            back,
+        })
+    }
+
+    /// Restores every cache from `rest` to hold `tokens` (a prefix of the
+    /// tokens it was taken under; check with [`AtRest::restores_to`]).
+    pub(crate) fn restore(&mut self, rest: &AtRest, tokens: &[u32]) -> Result<()> {
+        let n = tokens.len();
+        self.target
+            .restore_from(&rest.target, tokens, rest.back.as_deref())?;
+        if let Some(d) = self.drafter.as_mut() {
+            let caches = d.paired_caches_mut();
+            for (layer, (c, s)) in caches.iter_mut().zip(&rest.draft).enumerate() {
+                if !c.restore(Some(s), draft_level(n))? {
+                    return Err(kvcache::Error::SnapshotMissing {
+                        offset: draft_level(n),
+                        layer,
+                        cache_offset: c.offset(),
+                    }
+                    .into());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where the draft caches must stand for `committed` tokens between calls.
+fn draft_level(committed: usize) -> usize {
+    committed.saturating_sub(1)
+}
+
+/// Forwards `tokens` in chunks of `chunk` after what `target` holds,
+/// reporting each chunk to `draft`; returns the last chunk's hidden rows, or
+/// `None` for no tokens or on cancellation between chunks.
+pub(crate) fn prefill_chunks(
+    target: &mut Target<'_>,
+    tokens: &[u32],
+    chunk: usize,
+    cancel: &AtomicBool,
+    mut draft: Option<&mut DraftRun<'_, '_>>,
+) -> Result<Option<Array>> {
+    let mut last = None;
+    for part in tokens.chunks(chunk.max(1)) {
+        if cancel.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let pos = target.committed().len();
+        let (ids, hidden) = target.prefill_chunk(part)?;
+        if let Some(d) = draft.as_deref_mut() {
+            d.committed(part, &ids, &hidden, pos)?;
+        }
+        last = Some(hidden);
+    }
+    if !tokens.is_empty() {
+        // The end of a prompt: the next chat turn's prompt extends it.
+        target.mark_anchor();
+    }
+    target.offset();
+    Ok(last)
+}
+
+/// A session's caches at rest, as a prefix-cache entry keeps them: the
+/// target snapshots at `tokens` committed tokens, the draft snapshots at
+/// `tokens - 1`.
+#[derive(Debug)]
+pub(crate) struct AtRest {
+    /// Committed tokens `C`.
+    pub(crate) tokens: usize,
+    target: Vec<Snapshot>,
+    draft: Vec<Snapshot>,
+    /// Every snapshot restores to any lower offset (all full attention).
+    pub(crate) sliceable: bool,
+    /// The target captures at `tokens - 1` (recurrent caches only), for the
+    /// MTP boundary re-run after a restore; `None` when not taken.
+    back: Option<Vec<Option<Snapshot>>>,
+}
+
+impl AtRest {
+    /// Whether this can put a session at `n` committed tokens; a session
+    /// with look-ahead also needs the point one token back.
+    pub(crate) fn restores_to(&self, n: usize, lookahead: usize) -> bool {
+        n <= self.tokens
+            && (self.sliceable
+                || (n == self.tokens && (lookahead == 0 || n <= 1 || self.back.is_some())))
+    }
+
+    /// Every array the snapshots hold.
+    pub(crate) fn arrays(&self) -> Vec<Array> {
+        self.target
+            .iter()
+            .chain(&self.draft)
+            .chain(self.back.iter().flatten().flatten())
+            .flat_map(Snapshot::arrays)
+            .collect()
+    }
+}

@@ -1,0 +1,36 @@
+//! The one integration-test binary of `runner`: a module per area, so the
+//! crate's tests build and link once (`cargo test -p runner --test it [filter]`).
+
+mod common;
+#[path = "../fixtures/hybrid/writer.rs"]
+mod writer;
+
+mod attention_paths;
+mod bad_input;
+mod cancel;
+mod drafters;
+mod families;
+mod formats;
+mod hybrid_chat;
+mod hybrid_forward;
+mod hybrid_parity;
+mod hybrid_prefix;
+mod hybrid_rewind;
+mod hybrid_spec;
+mod loading;
+mod mtp_layouts;
+mod parity;
+mod prefix_chat;
+mod quantized;
+mod reference;
+mod robust_cancel;
+mod robust_fuzz;
+mod robust_template;
+mod soak;
+mod spec_memory;
+mod spec_parity;
+mod spec_plain_stretch;
+mod spec_sampling;
+mod spec_syncs;
+mod streaming;
+mod strict_loading;
