@@ -57,8 +57,8 @@ pub enum Command {
     #[command(allow_negative_numbers = true, after_help = CHAT_AFTER_HELP)]
     Chat(ChatArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
-    #[command(allow_negative_numbers = true, after_help = crate::serve::AFTER_HELP)]
-    Serve(crate::serve::ServeArgs),
+    #[command(allow_negative_numbers = true, after_help = SERVE_AFTER_HELP)]
+    Serve(ServeArgs),
 }
 
 /// Examples shown after `chat --help`.
@@ -90,6 +90,56 @@ pub struct ChatArgs {
     /// Memory for cached prefixes, in MiB (0: reuse only the live session).
     #[arg(long, default_value_t = 256, value_name = "MIB")]
     pub prefix_cache_mib: usize,
+}
+
+// `serve` (src/serve/): its options.
+/// Examples shown after `serve --help`.
+pub const SERVE_AFTER_HELP: &str = "EXAMPLES:
+  mtp-runner serve --model models/tiny-mtp
+  mtp-runner serve --model models/tiny-mtp --port 0 --speculative off
+  curl -s localhost:8080/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'
+
+ENDPOINTS:
+  POST /v1/chat/completions, POST /v1/completions (stream: true for server-sent events),
+  GET /v1/models, GET /health, GET /metrics (Prometheus text)
+
+The decoding flags (--max-tokens, --temperature, --top-p, --stop, --speculative,
+--draft-tokens, ...) are the defaults of every request; a request's own fields
+override them. Requests run one at a time in arrival order; when --queue-size
+are waiting, more get 429. SIGINT or SIGTERM stops accepting, lets the requests
+in flight finish (for at most --shutdown-timeout seconds, or until a second
+signal, then cancels them) and exits 0. The first line on stderr names the
+address (`--port 0` picks a free port).";
+
+/// `serve` options.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub decode: DecodeArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// The model id of /v1/models and requests (default: the model folder's name).
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
+    /// Requests that may wait while one runs; more get 429.
+    #[arg(long, default_value_t = 64)]
+    pub queue_size: usize,
+    /// Largest request body in bytes; larger gets 413.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// Memory for cached prefixes shared by all requests, in MiB (0: reuse only the live session).
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    pub prefix_cache_mib: usize,
+    /// Start every request from empty caches (no prefix reuse across requests).
+    #[arg(long)]
+    pub no_prefix_reuse: bool,
+    /// Seconds that in-flight requests may run after SIGINT/SIGTERM before they are cancelled.
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub shutdown_timeout: u64,
 }
 
 /// `generate` options.

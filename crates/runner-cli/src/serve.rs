@@ -17,59 +17,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use crate::args::ServeArgs;
 use anyhow::{Context, Result};
-use clap::Args;
-
-use crate::args::DecodeArgs;
-
-/// Examples shown after `serve --help`.
-pub const AFTER_HELP: &str = "EXAMPLES:
-  mtp-runner serve --model models/tiny-mtp
-  mtp-runner serve --model models/tiny-mtp --port 0 --speculative off
-  curl -s localhost:8080/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'
-
-ENDPOINTS:
-  POST /v1/chat/completions, POST /v1/completions (stream: true for server-sent events),
-  GET /v1/models, GET /health, GET /metrics (Prometheus text)
-
-The decoding flags (--max-tokens, --temperature, --top-p, --stop, --speculative,
---draft-tokens, ...) are the defaults of every request; a request's own fields
-override them. Requests run one at a time in arrival order; when --queue-size
-are waiting, more get 429. SIGINT or SIGTERM stops accepting, lets the requests
-in flight finish (for at most --shutdown-timeout seconds, or until a second
-signal, then cancels them) and exits 0. The first line on stderr names the
-address (`--port 0` picks a free port).";
-
-/// `serve` options.
-#[derive(Debug, Args)]
-pub struct ServeArgs {
-    #[command(flatten)]
-    pub decode: DecodeArgs,
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host: String,
-    /// Port to listen on (0: any free port).
-    #[arg(long, default_value_t = 8080)]
-    pub port: u16,
-    /// The model id of /v1/models and requests (default: the model folder's name).
-    #[arg(long, value_name = "NAME")]
-    pub served_model_name: Option<String>,
-    /// Requests that may wait while one runs; more get 429.
-    #[arg(long, default_value_t = 64)]
-    pub queue_size: usize,
-    /// Largest request body in bytes; larger gets 413.
-    #[arg(long, default_value_t = 4 << 20)]
-    pub max_body_bytes: usize,
-    /// Memory for cached prefixes shared by all requests, in MiB (0: reuse only the live session).
-    #[arg(long, default_value_t = 256, value_name = "MIB")]
-    pub prefix_cache_mib: usize,
-    /// Start every request from empty caches (no prefix reuse across requests).
-    #[arg(long)]
-    pub no_prefix_reuse: bool,
-    /// Seconds that in-flight requests may run after SIGINT/SIGTERM before they are cancelled.
-    #[arg(long, default_value_t = 30, value_name = "SECS")]
-    pub shutdown_timeout: u64,
-}
 
 /// Runs `serve` until SIGINT or SIGTERM.
 #[allow(clippy::print_stderr)]

@@ -82,6 +82,39 @@ pub struct Request {
 /// Parses and checks a request body for `endpoint` on a server of model `served`.
 // Long: one branch per request field of the OpenAI API.
 pub fn parse(body: &[u8], endpoint: Endpoint, served: &str) -> Result<Request, ApiError> {
+    let w = wire(body)?;
+    if let Some(m) = &w.model
+        && m != served
+    {
+        return Err(ApiError::unknown_model(m, served));
+    }
+    unsupported(&w)?;
+    let stream = w.stream.unwrap_or(false);
+    if w.stream_options.is_some() && !stream {
+        return Err(ApiError::invalid(
+            "stream_options",
+            "`stream_options` is only allowed with `stream: true`".into(),
+        ));
+    }
+    let include_usage = w
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    let prompt = match endpoint {
+        Endpoint::Chat => chat_prompt(w.messages.as_deref())?,
+        Endpoint::Completions => text_prompt(w.prompt.as_ref())?,
+    };
+    Ok(Request {
+        prompt,
+        params: params(&w)?,
+        stream,
+        include_usage,
+    })
+}
+
+/// The body as [`Wire`] fields, or an error naming the field whose type is wrong.
+fn wire(body: &[u8]) -> Result<Wire, ApiError> {
     // serde would read a struct from an array too (fields by position).
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(match serde_json::from_slice::<Value>(body) {
@@ -105,11 +138,11 @@ pub fn parse(body: &[u8], endpoint: Endpoint, served: &str) -> Result<Request, A
     })?;
     de.end()
         .map_err(|e| ApiError::bad_json(format!("the request body is not valid JSON: {e}")))?;
-    if let Some(m) = &w.model
-        && m != served
-    {
-        return Err(ApiError::unknown_model(m, served));
-    }
+    Ok(w)
+}
+
+/// Fields whose values ask for something this server does not do.
+fn unsupported(w: &Wire) -> Result<(), ApiError> {
     if w.ignore_eos == Some(true) {
         // The model's own end-of-sequence ids always end generation in `runner`.
         return Err(ApiError::invalid(
@@ -136,22 +169,11 @@ pub fn parse(body: &[u8], endpoint: Endpoint, served: &str) -> Result<Request, A
             "`logprobs` is not supported by this server: drop it".into(),
         ));
     }
-    let stream = w.stream.unwrap_or(false);
-    if w.stream_options.is_some() && !stream {
-        return Err(ApiError::invalid(
-            "stream_options",
-            "`stream_options` is only allowed with `stream: true`".into(),
-        ));
-    }
-    let include_usage = w
-        .stream_options
-        .as_ref()
-        .and_then(|o| o.include_usage)
-        .unwrap_or(false);
-    let prompt = match endpoint {
-        Endpoint::Chat => chat_prompt(w.messages.as_deref())?,
-        Endpoint::Completions => text_prompt(w.prompt.as_ref())?,
-    };
+    Ok(())
+}
+
+/// The decoding fields as engine [`Params`].
+fn params(w: &Wire) -> Result<Params, ApiError> {
     let top_k = match w.top_k {
         None => None,
         // -1 is vLLM's "off"; 0 is ours.
@@ -164,7 +186,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, served: &str) -> Result<Request, A
             ));
         }
     };
-    let params = Params {
+    Ok(Params {
         max_tokens: w.max_completion_tokens.or(w.max_tokens),
         temperature: w.temperature,
         top_p: w.top_p,
@@ -175,12 +197,6 @@ pub fn parse(body: &[u8], endpoint: Endpoint, served: &str) -> Result<Request, A
         presence_penalty: w.presence_penalty,
         frequency_penalty: w.frequency_penalty,
         repetition_penalty: w.repetition_penalty,
-    };
-    Ok(Request {
-        prompt,
-        params,
-        stream,
-        include_usage,
     })
 }
 

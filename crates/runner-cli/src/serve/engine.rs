@@ -18,10 +18,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use tokio::sync::mpsc::UnboundedSender;
 
-use runner::END_OF_TURN;
+use runner::Message;
 use runner::PrefixCache;
-use runner::chat::Message;
-use runner::{FinishReason, GenerateOptions, Generation, Session, Tokenizer};
+use runner::{
+    Conversation, FinishReason, GenerateOptions, Generation, Model, Session, Speculation, Tokenizer,
+};
 
 use super::error::ApiError;
 use super::metrics::Metrics;
@@ -244,16 +245,13 @@ struct Tokenizers {
 }
 
 impl Tokenizers {
-    fn new(tok: &Tokenizer) -> Tokenizers {
-        // The chat template's end-of-turn token ends a reply, as in `chat`.
-        let chat = tok.chat_template().ok().map(|template| {
-            let ends: Vec<u32> = END_OF_TURN
-                .iter()
-                .filter(|t| template.contains(*t))
-                .filter_map(|t| tok.inner().token_to_id(t))
-                .collect();
-            tok.with_extra_eos(&ends)
-        });
+    fn new(model: &dyn Model, tok: &Tokenizer) -> Tokenizers {
+        // The chat template's end-of-turn token ends a reply, as in `chat`:
+        // a conversation knows which one (a plain session costs no weights).
+        let chat = Session::open(model, Speculation::Off, None)
+            .and_then(|s| Conversation::new(s, tok, None, 0))
+            .ok()
+            .map(|c| c.tokenizer().clone());
         Tokenizers {
             plain: tok.clone(),
             chat,
@@ -550,11 +548,11 @@ fn engine_main(
             return;
         }
     };
-    let tokenizers = Tokenizers::new(&m.tokenizer);
+    let tokenizers = Tokenizers::new(m.model.as_ref(), &m.tokenizer);
     let card = ModelCard {
         id: config.model_id.clone(),
         context_length: m.model.context_length(),
-        speculation: session.drafter_method().map_or("off", |m| m.as_str()),
+        speculation: session.drafter_method().map_or("off", |d| d.as_str()),
         chat: tokenizers.chat.is_some(),
     };
     let defaults = crate::generate_options(a, &m.generation_config);

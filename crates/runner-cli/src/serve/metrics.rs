@@ -258,42 +258,47 @@ impl Metrics {
             "mtp_runner:request_decode_tokens_per_second",
             "Per request, generated tokens per second after the first.",
         );
-        let spec: [(&str, &str, SpecField); 3] = [
-            (
-                "mtp_runner:spec_decode_num_drafts_total",
-                "Speculative rounds that drafted tokens, by drafter.",
-                |e| e.drafts,
-            ),
-            (
-                "mtp_runner:spec_decode_num_draft_tokens_total",
-                "Draft tokens proposed, by drafter.",
-                |e| e.draft_tokens,
-            ),
-            (
-                "mtp_runner:spec_decode_num_accepted_tokens_total",
-                "Draft tokens accepted, by drafter.",
-                |e| e.accepted_tokens,
-            ),
-        ];
-        for (name, help, get) in spec {
-            header(&mut out, name, help, "counter");
-            for (method, e) in &s.spec {
-                let _ = writeln!(out, "{name}{{method=\"{method}\"}} {}", get(e));
-            }
-        }
-        let name = "mtp_runner:spec_decode_num_accepted_tokens_per_pos_total";
-        header(
-            &mut out,
-            name,
-            "Draft tokens accepted at each draft position (from 0), by drafter.",
-            "counter",
-        );
-        for (method, e) in &s.spec {
-            for (pos, n) in e.accepted_per_pos.iter().enumerate() {
-                let _ = writeln!(out, "{name}{{method=\"{method}\",position=\"{pos}\"}} {n}");
-            }
-        }
+        render_spec(&s, &mut out);
         out
+    }
+}
+
+/// The `spec_decode_*` counters, by drafter.
+fn render_spec(s: &State, out: &mut String) {
+    let spec: [(&str, &str, SpecField); 3] = [
+        (
+            "mtp_runner:spec_decode_num_drafts_total",
+            "Speculative rounds that drafted tokens, by drafter.",
+            |e| e.drafts,
+        ),
+        (
+            "mtp_runner:spec_decode_num_draft_tokens_total",
+            "Draft tokens proposed, by drafter.",
+            |e| e.draft_tokens,
+        ),
+        (
+            "mtp_runner:spec_decode_num_accepted_tokens_total",
+            "Draft tokens accepted, by drafter.",
+            |e| e.accepted_tokens,
+        ),
+    ];
+    for (name, help, get) in spec {
+        header(out, name, help, "counter");
+        for (method, e) in &s.spec {
+            let _ = writeln!(out, "{name}{{method=\"{method}\"}} {}", get(e));
+        }
+    }
+    let name = "mtp_runner:spec_decode_num_accepted_tokens_per_pos_total";
+    header(
+        out,
+        name,
+        "Draft tokens accepted at each draft position (from 0), by drafter.",
+        "counter",
+    );
+    for (method, e) in &s.spec {
+        for (pos, n) in e.accepted_per_pos.iter().enumerate() {
+            let _ = writeln!(out, "{name}{{method=\"{method}\",position=\"{pos}\"}} {n}");
+        }
     }
 }
 

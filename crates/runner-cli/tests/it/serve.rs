@@ -5,8 +5,6 @@
 //! runs, `/metrics` against the responses, shutdown by signal, and the
 //! official `openai` Python client. Every loop is bounded in count and time.
 
-use crate::common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -14,6 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+
+use crate::common;
 
 /// Longest any single step of a test waits.
 const PATIENCE: Duration = Duration::from_secs(120);
@@ -515,7 +515,7 @@ fn sixteen_clients_of_four_requests_get_the_sequential_greedy_outputs() {
 #[allow(clippy::print_stderr)]
 fn a_client_killed_mid_stream_stops_its_decoding_and_frees_the_engine() {
     let s = Server::start(&[]);
-    let long = json!({"prompt": "import os\n", "max_tokens": 1900,
+    let long = json!({"prompt": "import os\n", "max_tokens": 600,
         "temperature": 0, "stream": true});
     let mut lines = s.stream("/v1/completions", &long);
     for _ in 0..3 {
@@ -548,13 +548,9 @@ fn a_client_killed_mid_stream_stops_its_decoding_and_frees_the_engine() {
     // The control: left running, the killed request generates its whole budget.
     let (_, full) = s.post_json(
         "/v1/completions",
-        &json!({"prompt": "import os\n", "max_tokens": 1900, "temperature": 0}),
+        &json!({"prompt": "import os\n", "max_tokens": 600, "temperature": 0}),
     );
-    assert_eq!(
-        full["usage"]["completion_tokens"], 1900,
-        "{}",
-        full["usage"]
-    );
+    assert_eq!(full["usage"]["completion_tokens"], 600, "{}", full["usage"]);
     eprintln!(
         "killed stream: {killed_tokens} tokens generated; the next request took {next_took:?}"
     );

@@ -1,4 +1,4 @@
-"""The official `openai` Python client against `mtp-runner serve` (driven by tests/serve.rs).
+"""The official `openai` Python client against `mtp-runner serve` (driven by tests/it/serve.rs).
 
 Usage: python3 serve_openai.py http://127.0.0.1:PORT
 A non-streaming and a streaming chat (greedy) must agree token for token; a
