@@ -9,6 +9,8 @@
 //! The widening code is xtask's own file, included here so the test runs the
 //! very code the GPU bundle runs, without a second copy.
 
+#![allow(clippy::print_stderr)]
+
 use crate::common;
 use crate::widen;
 
