@@ -62,6 +62,23 @@ fn timed(m: &dyn Model, caches: &mut [Box<dyn kvcache::Cache>], ids: &[u32]) -> 
     start.elapsed().as_secs_f64() * 1e3
 }
 
+/// Times `rounds` verify forwards of `rows` tokens after a 1,000-token prompt
+/// (two untimed first), the key length growing every round; returns the caches.
+fn verify_rounds(
+    m: &dyn Model,
+    ids: &dyn Fn(usize, u32) -> Vec<u32>,
+    rows: usize,
+    rounds: usize,
+) -> (Vec<Box<dyn kvcache::Cache>>, Vec<f64>) {
+    let mut caches = m.new_caches();
+    timed(m, &mut caches, &ids(1000, 9));
+    let times = (0..rounds + 2)
+        .map(|r| timed(m, &mut caches, &ids(rows, r as u32)))
+        .skip(2)
+        .collect();
+    (caches, times)
+}
+
 // A benchmark binary: notes go to stderr, results to stdout.
 #[allow(clippy::print_stdout, clippy::print_stderr)]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -139,15 +156,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
         for rows in 1..=5usize {
-            let mut caches = m.new_caches();
-            timed(m, &mut caches, &ids(1000, 9));
-            let mut times = Vec::new();
-            for r in 0..rounds + 2 {
-                let ms = timed(m, &mut caches, &ids(rows, r as u32));
-                if r >= 2 {
-                    times.push(ms);
-                }
-            }
+            let (_, times) = verify_rounds(m, &ids, rows, rounds);
             println!(
                 "{}",
                 json!({"probe":"verify","path":p,"dtype":dt,"rows":rows,"median_ms":median(times.clone()),
@@ -194,15 +203,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut out = Vec::new();
         for on in [false, true] {
             set_rows_kernel(on);
-            let mut caches = m.new_caches();
-            timed(m, &mut caches, &ids(1000, 9));
-            let mut times = Vec::new();
-            for r in 0..rounds + 2 {
-                let ms = timed(m, &mut caches, &ids(rows, r as u32));
-                if r >= 2 {
-                    times.push(ms);
-                }
-            }
+            let (mut caches, times) = verify_rounds(m, &ids, rows, rounds);
             let t = Array::from_slice(&ids(rows, 99), &[rows as i32])?;
             let logits = m.unembed(&m.forward(&t, &mut caches)?)?.to_vec::<f32>()?;
             out.push((median(times), logits));

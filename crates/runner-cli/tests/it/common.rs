@@ -13,6 +13,23 @@ use runner::testing::{Fixture, write_checkpoint};
 /// The `mtp-runner` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_mtp-runner");
 
+/// A Qwen3 checkpoint large enough (hidden 512, 12 layers) that loading or
+/// quantizing it takes long enough to interrupt (seed 1).
+pub fn slow_fixture() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let fx = Fixture {
+        hidden: 512,
+        intermediate: 1536,
+        layers: 12,
+        heads: 8,
+        kv_heads: 4,
+        head_dim: 64,
+        ..Fixture::new(runner::testing::Arch::Qwen3)
+    };
+    write_checkpoint(dir.path(), &fx, 1).unwrap();
+    dir
+}
+
 /// A temporary checkpoint of `fx` (seed 3).
 pub fn fixture(fx: &Fixture) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use runner::testing::{Arch, Fixture, write_checkpoint};
+use runner::testing::{Arch, Fixture};
 
 use crate::common::{BIN, check, fixture, generate_args};
 
@@ -174,17 +174,7 @@ fn non_regular_files_in_the_model_folder_are_refused_before_opening() {
 #[test]
 fn ctrl_c_while_loading_exits_130_at_once() {
     // Big enough that loading takes a while after the device is chosen.
-    let src = tempfile::tempdir().unwrap();
-    let fx = Fixture {
-        hidden: 512,
-        intermediate: 1536,
-        layers: 12,
-        heads: 8,
-        kv_heads: 4,
-        head_dim: 64,
-        ..Fixture::new(Arch::Qwen3)
-    };
-    write_checkpoint(src.path(), &fx, 1).unwrap();
+    let src = crate::common::slow_fixture();
     let mut child = Command::new(BIN)
         .args(generate_args(src.path(), &["--prompt", "hi", "-n", "5"]))
         .env("RUST_LOG", "info")

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use runner::testing::{Arch, Fixture, write_checkpoint};
+use runner::testing::{Arch, Fixture};
 
 use crate::common::{BIN, check, fixture};
 
@@ -101,17 +101,7 @@ fn two_runs_into_one_folder_one_wins_the_other_fails_clearly() {
 #[test]
 fn ctrl_c_while_quantizing_leaves_nothing() {
     // Large enough that the tensors take a while between the claim and the commit.
-    let src = tempfile::tempdir().unwrap();
-    let fx = Fixture {
-        hidden: 512,
-        intermediate: 1536,
-        layers: 12,
-        heads: 8,
-        kv_heads: 4,
-        head_dim: 64,
-        ..Fixture::new(Arch::Qwen3)
-    };
-    write_checkpoint(src.path(), &fx, 1).unwrap();
+    let src = crate::common::slow_fixture();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("q");
     let child = Command::new(BIN)

@@ -139,20 +139,22 @@ impl Linear {
 
     /// Applies the layer to `[..., in]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        let few = match &self.kernel {
+            Kernel::Dense { w: Some(w), .. } => few_rows(x, w).map(|rows| (w, rows)),
+            _ => None,
+        };
         let y = match &self.kernel {
+            _ if let Some((w, rows)) = few => {
+                let mut shape = x.shape().to_vec();
+                *shape.last_mut().expect("rank ≥ 1") = w.dim(0);
+                skinny::matmul_t(&x.reshape(&[rows, x.dim(-1)])?, w)?.reshape(&shape)?
+            }
             Kernel::Dense { row_chunks, .. } if row_chunks.len() > 1 && is_one_row(x) => {
                 let parts = row_chunks
                     .iter()
                     .map(|c| x.matmul(c))
                     .collect::<mlx_tensor::Result<Vec<_>>>()?;
                 mlx_tensor::ops::concatenate(&parts, -1)?
-            }
-            Kernel::Dense { w: Some(w), .. } if few_rows(x, w) => {
-                let k = x.dim(-1);
-                let rows = (x.size() / k as usize) as i32;
-                let mut shape = x.shape().to_vec();
-                *shape.last_mut().expect("rank ≥ 1") = w.dim(0);
-                skinny::matmul_t(&x.reshape(&[rows, k])?, w)?.reshape(&shape)?
             }
             Kernel::Dense { wt, .. } => x.matmul(wt)?,
             Kernel::Quantized(q) => q.matmul_t(x)?,
@@ -213,13 +215,14 @@ fn row_chunks(weight: &Array) -> mlx_tensor::Result<Vec<Array>> {
         .collect()
 }
 
-/// True when `x` `[..., in]` holds 2..=8 rows that the CUDA few-rows kernel takes.
-fn few_rows(x: &Array, w: &Array) -> bool {
+/// The row count of `x` `[..., in]` when the CUDA few-rows kernel takes it (2..=8 rows).
+fn few_rows(x: &Array, w: &Array) -> Option<i32> {
     let k = x.dim(-1);
-    x.ndim() > 0
-        && k > 0
-        && x.dtype() == w.dtype()
-        && skinny::applies((x.size() / k as usize) as i32, k, x.dtype())
+    if x.ndim() == 0 || k <= 0 || x.dtype() != w.dtype() {
+        return None;
+    }
+    let rows = (x.size() / k as usize) as i32;
+    skinny::applies(rows, k, x.dtype()).then_some(rows)
 }
 
 /// True when `x` `[..., in]` holds a single row.

@@ -112,9 +112,11 @@ pub(crate) fn choose(rows: i32, keys: i32, heads: i32, dtype: Dtype) -> Kernel {
 
 /// True when new work runs on MLX's CUDA backend (a GPU that is not Metal).
 pub(crate) fn on_cuda() -> bool {
+    // Whether the loaded library has a GPU does not change; the default device can.
+    static GPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     !cfg!(target_os = "macos")
         && mlx_tensor::default_device() == mlx_tensor::Device::Gpu
-        && mlx_tensor::gpu_available()
+        && *GPU.get_or_init(mlx_tensor::gpu_available)
 }
 
 /// `softmax(q kᵀ · scale + causal) v` for `q: [1, Hq, L, D]` over `k, v:
