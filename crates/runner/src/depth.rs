@@ -50,10 +50,32 @@ const SEED_DEPTH: usize = 1;
 /// Timings kept at the seed depth, then at depth 0, before modelling: a
 /// median of three survives one stalled round.
 const SEED_ROUNDS: usize = 3;
+/// How much dearer than modelled a depth's first round must be to count as
+/// paying for kernels built on first use rather than as a cost sample.
+const FIRST_USE_FACTOR: f64 = 3.0;
 /// Rounds between probes right after the choice moved, and the cap the
 /// interval doubles up to while probes leave it alone.
 const PROBE_MIN: u64 = 8;
 const PROBE_MAX: u64 = 64;
+
+/// The share of a request's acceptance evidence the next request of the
+/// same session starts with: about ten rounds' worth, so a new text takes
+/// over within a few rounds while the first choices are already informed.
+const CARRIED_ACCEPTANCE: f64 = 0.3;
+
+/// What an auto controller learned in one request, for the next request of
+/// the same session: the round costs are the model's on this machine and
+/// carry over whole; the acceptance carries over at [`CARRIED_ACCEPTANCE`]
+/// of its weight. A session's later requests then skip the seeding rounds
+/// and start at the depth the last one found best.
+#[derive(Debug, Clone)]
+pub(crate) struct Learned {
+    policy: DepthPolicy,
+    acceptance: Acceptance,
+    cost: CostModel,
+    warmed: Vec<bool>,
+    best: usize,
+}
 
 /// Why a depth was chosen (logged with each decision).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,12 +105,39 @@ pub(crate) struct DepthController {
     last: Option<usize>,
     /// Plain rounds since the last drafted one.
     plain_run: usize,
+    /// `warmed[d]`: a depth-`d` round has run in this request.
+    warmed: Vec<bool>,
 }
 
 impl DepthController {
     /// A controller for `policy`.
     pub(crate) fn new(policy: DepthPolicy) -> DepthController {
         DepthController::with_window(policy, cost::WINDOW)
+    }
+
+    /// A controller for `policy` that starts from what an earlier request of
+    /// the same session learned, when it ran under the same policy.
+    pub(crate) fn resume(policy: DepthPolicy, learned: Option<&Learned>) -> DepthController {
+        let mut d = DepthController::new(policy);
+        if let Some(l) = learned.filter(|l| l.policy == policy) {
+            d.acceptance = l.acceptance.carried(CARRIED_ACCEPTANCE);
+            d.cost = l.cost.clone();
+            d.warmed.clone_from(&l.warmed);
+            d.best = l.best;
+        }
+        d
+    }
+
+    /// What this request learned, for the session's next one (`None` under a
+    /// fixed depth: there is nothing to choose).
+    pub(crate) fn learned(&self) -> Option<Learned> {
+        matches!(self.policy, DepthPolicy::Auto { .. }).then(|| Learned {
+            policy: self.policy,
+            acceptance: self.acceptance.clone(),
+            cost: self.cost.clone(),
+            warmed: self.warmed.clone(),
+            best: self.best,
+        })
     }
 
     /// A controller whose cost medians span the newest `window` rounds per depth.
@@ -108,6 +157,7 @@ impl DepthController {
             probe: None,
             last: None,
             plain_run: 0,
+            warmed: vec![false; max + 1],
         }
     }
 
@@ -216,13 +266,31 @@ impl DepthController {
     /// the tokens committed meanwhile (the MTP head forwards its pending
     /// pairs, a draft model its pending tokens; first of all, the prompt's).
     /// Its excess over the depth's median is charged to those plain tokens.
+    ///
+    /// Nor is the first round of a drafting depth when it took over
+    /// [`FIRST_USE_FACTOR`] times the modelled cost: it paid for kernels that
+    /// build on first use of its shapes (NVRTC on CUDA, pipeline states on
+    /// Metal), seconds that one sample would charge to the depth for the rest
+    /// of the request.
     pub(crate) fn record(&mut self, drafted: usize, accepted: usize, seconds: f64) {
         let catch_up = drafted > 0 && self.last.is_none_or(|l| l == 0);
-        tracing::trace!(drafted, accepted, ms = seconds * 1e3, catch_up, "round");
+        let first = drafted > 0
+            && self
+                .warmed
+                .get_mut(drafted)
+                .is_some_and(|w| !std::mem::replace(w, true))
+            && self
+                .cost
+                .costs()
+                .get(drafted)
+                .copied()
+                .flatten()
+                .is_some_and(|c| seconds > FIRST_USE_FACTOR * c);
+        tracing::trace!(drafted, accepted, ms = seconds * 1e3, catch_up, first, "round");
         self.acceptance.observe(drafted, accepted);
         if catch_up {
             self.cost.observe_catch_up(drafted, self.plain_run, seconds);
-        } else {
+        } else if !first {
             self.cost.observe(drafted, seconds);
         }
         self.plain_run = if drafted == 0 { self.plain_run + 1 } else { 0 };
@@ -271,6 +339,49 @@ mod tests {
         }
         assert_eq!(d.cost.median(1), Some(0.02));
         assert_eq!(d.cost.median(2), None);
+    }
+
+    #[test]
+    fn a_first_round_far_dearer_than_modelled_is_not_a_cost_sample() {
+        let mut d = DepthController::new(DepthPolicy::Auto { max: 4 });
+        // Depth 1 after the prompt (a catch-up), depth 3 twice: its first
+        // round paid for kernels built on first use. Depth 2's first round
+        // costs about what the line predicts: a sample.
+        for (k, s) in [
+            (1, 5.0),
+            (1, 0.02),
+            (3, 2.0),
+            (3, 0.03),
+            (3, 0.031),
+            (2, 0.025),
+        ] {
+            d.record(k, k, s);
+        }
+        assert_eq!(d.cost.count(1), 1);
+        assert_eq!(d.cost.count(3), 2);
+        assert_eq!(d.cost.median(3), Some(0.0305));
+        assert_eq!(d.cost.count(2), 1);
+    }
+
+    #[test]
+    fn a_resumed_controller_skips_the_seeding_rounds() {
+        let policy = DepthPolicy::Auto { max: 4 };
+        let mut d = DepthController::new(policy);
+        // Depth 3 is cheap and always accepted; plain is dear.
+        for (k, n) in [(1, 4), (0, 4), (3, cost::WINDOW + 2)] {
+            for _ in 0..n {
+                d.record(k, k, if k == 3 { 0.021 } else { 0.02 });
+            }
+        }
+        let best = d.choose(100);
+        assert!(best >= 3, "chose {best}");
+        let learned = d.learned().expect("auto learns");
+        let mut next = DepthController::resume(policy, Some(&learned));
+        assert_eq!(next.choose(100), best, "no seeding at depth 1");
+        // Another policy starts afresh; a fixed depth learns nothing.
+        let mut other = DepthController::resume(DepthPolicy::Auto { max: 6 }, Some(&learned));
+        assert_eq!(other.choose(100), SEED_DEPTH);
+        assert!(DepthController::new(DepthPolicy::Fixed(2)).learned().is_none());
     }
 
     #[test]

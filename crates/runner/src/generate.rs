@@ -116,7 +116,11 @@ impl Session<'_> {
         let t0 = Instant::now();
         let (body, seed) = self.rerun_boundary(prompt)?;
         let model = self.model();
-        let Session { target, drafter } = &mut *self;
+        let Session {
+            target,
+            drafter,
+            depth_memory,
+        } = &mut *self;
         // One draft run for the prefill and the decode: an MTP run carries
         // the last hidden from one to the other.
         let mut draft = match drafter.as_mut() {
@@ -137,7 +141,7 @@ impl Session<'_> {
             cancel,
             pipelined: opts.pipeline && !opts.sampling.uses_penalties(),
         };
-        decode(target, draft.as_mut(), &mut d, seed, opts.depth)?;
+        decode(target, draft.as_mut(), &mut d, seed, opts.depth, depth_memory)?;
         if let Some(r) = draft {
             r.close()?;
         }
@@ -224,6 +228,7 @@ fn decode<F: FnMut(&str)>(
     d: &mut Decode<'_, F>,
     seed: u32,
     depth: DepthPolicy,
+    memory: &mut Option<crate::depth::Learned>,
 ) -> Result<()> {
     if d.output.max_tokens == 0 {
         d.output.result.finish = FinishReason::Length;
@@ -235,7 +240,7 @@ fn decode<F: FnMut(&str)>(
     }
     match draft {
         Some(draft) => {
-            let spec = speculative::run(target, draft, d, seed, depth)?;
+            let spec = speculative::run(target, draft, d, seed, depth, memory)?;
             d.output.result.speculation = Some(spec);
         }
         None => {

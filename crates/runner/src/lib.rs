@@ -99,6 +99,7 @@ mod prefix;
 mod session;
 mod spec_stats;
 mod stats;
+mod warm;
 
 pub use chat::{Message, apply_chat_template};
 pub use config::{GenerationConfig, ModelConfig};

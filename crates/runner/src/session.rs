@@ -78,6 +78,9 @@ pub struct Session<'m> {
     /// (whose pair needs the token after it); a draft model holds a prefix of
     /// the committed tokens (re-synced when a request opens).
     pub(crate) drafter: Option<Drafter<'m>>,
+    /// What the auto depth controller learned in the last request (round
+    /// costs, acceptance), so the next request starts informed.
+    pub(crate) depth_memory: Option<crate::depth::Learned>,
 }
 
 impl std::fmt::Debug for Session<'_> {
@@ -95,6 +98,7 @@ impl<'m> Session<'m> {
         Session {
             target: Target::new(model),
             drafter: None,
+            depth_memory: None,
         }
     }
 
@@ -168,9 +172,14 @@ impl<'m> Session<'m> {
     }
 
     fn with_drafter(model: &'m dyn Model, drafter: Drafter<'m>) -> Session<'m> {
+        crate::warm::warm(model);
+        if let Drafter::Model(d) = &drafter {
+            crate::warm::warm(d.model());
+        }
         Session {
             target: Target::new(model),
             drafter: Some(drafter),
+            depth_memory: None,
         }
     }
 

@@ -41,6 +41,18 @@ impl Acceptance {
         }
     }
 
+    /// The same estimates at `weight` (in `0..=1`) of their evidence: what a
+    /// next request starts from, whose text may differ.
+    pub(crate) fn carried(&self, weight: f64) -> Acceptance {
+        Acceptance {
+            counts: self
+                .counts
+                .iter()
+                .map(|&(hit, n)| (hit * weight, n * weight))
+                .collect(),
+        }
+    }
+
     /// `a_1, a_2, ...`: the conditional rate of each position, shrunk towards
     /// the rate of the position before it.
     pub(crate) fn rates(&self) -> Vec<f64> {

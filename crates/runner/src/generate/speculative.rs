@@ -22,7 +22,7 @@ use super::FinishReason;
 use super::output::Flow;
 use super::plain::{self, Stretch, Tap};
 use super::step::{Decode, step};
-use crate::depth::{DepthController, DepthPolicy};
+use crate::depth::{DepthController, DepthPolicy, Learned};
 use crate::drafter::DraftRun;
 use crate::error::Result;
 use crate::session::Target;
@@ -36,8 +36,12 @@ pub(super) fn run<F: FnMut(&str)>(
     d: &mut Decode<'_, F>,
     seed: u32,
     policy: DepthPolicy,
+    memory: &mut Option<Learned>,
 ) -> Result<SpecStats> {
-    let mut depth = DepthController::new(policy);
+    // Under reproducible sampling the controller sees modelled costs, and
+    // its choices must depend on this request alone: nothing carries over.
+    let carry = !crate::seeded::reproducible(d.options);
+    let mut depth = DepthController::resume(policy, memory.as_ref().filter(|_| carry));
     let mut stats = SpecStats::new(draft.method());
     let mut current = seed;
     // A depth chosen at the end of a plain stretch, for the round it hands over.
@@ -85,6 +89,9 @@ pub(super) fn run<F: FnMut(&str)>(
             .emitted
             .last()
             .expect("a round emits at least one token");
+    }
+    if carry {
+        *memory = depth.learned();
     }
     Ok(stats)
 }

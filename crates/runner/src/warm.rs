@@ -1,0 +1,98 @@
+//! Builds, before a speculative session's first round, the kernels that
+//! MLX's CUDA backend compiles on first use of a shape.
+//!
+//! Why: on CUDA the few-rows matmul kernel (`models/skinny.rs`) is compiled
+//! through NVRTC once per row count, and other multi-row paths build per
+//! shape too. Left to the first request, each new draft depth's first round
+//! pays those seconds: a 256-token request at the 8B shape spent more time
+//! compiling than decoding, and the auto depth controller read the spikes as
+//! the depths' costs. So the first speculative session of a model in this
+//! process runs the target (and its MTP head) once over every row count a
+//! verify or a draft flush can take, on scratch caches it then drops.
+//! Compiled kernels live for the process: later sessions skip this.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use mlx_tensor::{Array, ops};
+
+use crate::error::Result;
+use crate::model::Model;
+use crate::models::skinny::MAX_ROWS;
+
+/// Models (by address) already warmed in this process. A model dropped and
+/// another loaded at the same address is skipped: its first rounds are then
+/// merely slower, as without this module.
+static WARMED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+/// Warms `model` once per process when the default device is CUDA; a failure
+/// is logged and otherwise ignored (the real rounds report their own errors).
+pub(crate) fn warm(model: &dyn Model) {
+    if !crate::models::sdpa::on_cuda() {
+        return;
+    }
+    let key = std::ptr::from_ref(model).cast::<()>() as usize;
+    {
+        let mut warmed = WARMED.lock().unwrap_or_else(|e| e.into_inner());
+        if warmed.contains(&key) {
+            return;
+        }
+        warmed.push(key);
+    }
+    let t0 = Instant::now();
+    match run(model) {
+        Ok(()) => tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "kernels warmed"),
+        Err(e) => tracing::warn!(error = %e, "warming the multi-row kernels failed"),
+    }
+}
+
+fn zeros(n: usize) -> Result<Array> {
+    Ok(Array::from_slice(&vec![0u32; n], &[n as i32])?)
+}
+
+/// One forward (and unembedding) of every row count `1..=MAX_ROWS` through
+/// the target and its MTP head, after a short prefix so attention has keys.
+fn run(model: &dyn Model) -> Result<()> {
+    let mut caches = model.new_caches();
+    let mut outs = vec![model.forward(&zeros(4)?, &mut caches)?];
+    for rows in 1..=MAX_ROWS as usize {
+        let h = model.forward(&zeros(rows)?, &mut caches)?;
+        outs.push(model.unembed(&h)?);
+        mlx_tensor::eval(&outs)?;
+        outs.clear();
+        outs.push(h);
+    }
+    if let Some(mut head) = model.mtp_head() {
+        let width = model.config().hidden_size as i32;
+        let dtype = outs[0].dtype();
+        let mut position = 0;
+        for rows in 1..=MAX_ROWS as usize {
+            let hidden = ops::zeros(&[rows as i32, width], dtype)?;
+            let o = head.forward(&zeros(rows)?, &hidden, position)?;
+            position += rows;
+            let last = o.out.slice_axis(0, rows as i32 - 1, rows as i32)?;
+            let logits = head.unembed(&last)?;
+            mlx_tensor::eval([&logits, &o.hidden])?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The warm-up is device-agnostic code: on the CPU (where `warm` skips
+    /// it) it must run through a hybrid model with an MTP head, whose
+    /// recurrent layers and draft cache take every row count in turn.
+    #[test]
+    fn the_warm_up_runs_through_target_and_head() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-hybrid-mtp");
+        let m = crate::load(&dir, crate::LoadOptions::default(), |_, _| {}).unwrap();
+        assert!(m.model.mtp_head().is_some());
+        run(m.model.as_ref()).unwrap();
+        // On the CPU `warm` does nothing and records nothing.
+        warm(m.model.as_ref());
+        assert!(WARMED.lock().unwrap().is_empty());
+    }
+}
