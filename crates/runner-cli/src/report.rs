@@ -52,6 +52,58 @@ pub struct SpeculationReport {
     pub depth_over_time: Vec<usize>,
     /// Rounds per draft depth: entry `d` counts the rounds drafted `d` deep.
     pub depth_histogram: Vec<usize>,
+    /// Where a drafted round's time goes (absent without drafted rounds).
+    pub round_costs: Option<RoundCosts>,
+}
+
+/// Mean costs of a drafted round, in milliseconds (see [`runner::Phases`]
+/// for what each phase covers with and without `MTP_PROFILE_ROUNDS=1`).
+#[derive(Debug, Serialize)]
+pub struct RoundCosts {
+    /// Whether each round synced per phase (device times per phase).
+    pub profiled: bool,
+    /// Drafted rounds measured.
+    pub rounds: usize,
+    /// Wall time of a round.
+    pub round_ms: f64,
+    /// Drafting, all steps.
+    pub draft_ms: f64,
+    /// Drafting per draft step.
+    pub draft_step_ms: f64,
+    /// The verify forward (unprofiled: building its graph).
+    pub verify_ms: f64,
+    /// Waiting for the device (profiled: unembedding, sampling, acceptance).
+    pub wait_ms: f64,
+    /// Rewinds and bookkeeping after the sync.
+    pub commit_ms: f64,
+    /// Blocking host syncs per round.
+    pub syncs_per_round: f64,
+    /// A plain step of the same run (depth-0 rounds), when there were any.
+    pub plain_step_ms: Option<f64>,
+}
+
+impl RoundCosts {
+    /// The means of `t`, `None` without drafted rounds.
+    pub fn new(t: &runner::RoundTimes) -> Option<RoundCosts> {
+        if t.rounds == 0 {
+            return None;
+        }
+        let n = t.rounds as f64;
+        let ms = |x: f64| x * 1e3 / n;
+        Some(RoundCosts {
+            profiled: t.profiled,
+            rounds: t.rounds,
+            round_ms: ms(t.seconds),
+            draft_ms: ms(t.phases.draft),
+            draft_step_ms: t.phases.draft * 1e3 / t.draft_steps.max(1) as f64,
+            verify_ms: ms(t.phases.verify),
+            wait_ms: ms(t.phases.wait),
+            commit_ms: ms(t.phases.commit),
+            syncs_per_round: t.syncs as f64 / n,
+            plain_step_ms: (t.plain_steps > 0)
+                .then(|| t.plain_seconds * 1e3 / t.plain_steps as f64),
+        })
+    }
 }
 
 impl SpeculationReport {
@@ -68,6 +120,7 @@ impl SpeculationReport {
                 mean_accepted_length: s.mean_accepted_length(),
                 depth_over_time: s.depth_over_time.clone(),
                 depth_histogram: s.depth_histogram(),
+                round_costs: RoundCosts::new(&s.times),
             },
             None => SpeculationReport {
                 method: "off".into(),
@@ -83,6 +136,7 @@ impl SpeculationReport {
                 },
                 depth_over_time: Vec::new(),
                 depth_histogram: Vec::new(),
+                round_costs: None,
             },
         }
     }

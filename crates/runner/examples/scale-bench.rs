@@ -4,7 +4,7 @@
 //!
 //! `cargo run --release -p runner --example scale-bench -- --model DIR --prompts FILE
 //! [--shape NAME] [--dtype f32|bf16] [--depths auto,4,3,2,1] [--tokens N]
-//! [--ttft-tokens 1000,600] [--deadline-s S]`
+//! [--ttft-tokens 1000,600] [--profile-depth 3|none] [--deadline-s S]`
 //!
 //! `--prompts` is a JSON array of strings; each prompt is id 0 (`<|endoftext|>`,
 //! where training documents start) then the text's tokens, the ids
@@ -16,12 +16,19 @@
 //!   `depth_histogram` summed over the prompts; `greedy_equal_plain` (every
 //!   prompt's tokens equal plain's) and `first_divergence` (`[prompt, token]`);
 //!   `ttft_ms` (mean over the prompts). Plain is `method: "off"`, `depth: 0`.
+//!   `round_costs`: a drafted round's mean wall time and its phases in ms
+//!   (host-side phases; see `runner::Phases`).
+//! * `kind: "round-profile"`: the `--profile-depth` case again with every
+//!   round synced per phase (`runner::set_profile_rounds`): `round_costs`
+//!   then holds device times of the draft, the verify forward and the
+//!   acceptance (its tokens/s is not comparable: extra syncs).
 //! * `kind: "ttft"`: a fresh plain request of `prompt_tokens` (1,000 first, then
 //!   another length) in this same process: `ttft_ms`, `request` (1, 2, ...).
 //! * `kind: "skipped"`: a case not started because `--deadline-s` (seconds
 //!   since start) would have passed before it ended, judged by the last case.
 //!
-//! Each case runs a 16-token warm-up first (kernels build and JIT there).
+//! Each case runs in one session, a 16-token warm-up first (kernels build
+//! and JIT there), then the prompts, as a server reuses its session.
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
@@ -69,14 +76,25 @@ fn greedy(max_tokens: usize, depth: DepthPolicy) -> GenerateOptions {
     }
 }
 
-/// One generation of `method` in a fresh session.
-fn generate(m: &LoadedModel, method: &str, ids: &[u32], opts: &GenerateOptions) -> Res<Generation> {
+/// A fresh session of `method`.
+fn session<'m>(m: &'m LoadedModel, method: &str) -> Res<Session<'m>> {
     let target = m.model.as_ref();
-    let mut s = match method {
+    Ok(match method {
         "off" => Session::new(target),
         "mtp" => Session::with_mtp(target)?,
         other => return Err(format!("scale-bench runs off and mtp, not `{other}`").into()),
-    };
+    })
+}
+
+/// One generation in `s` (a session reused across a case's requests, as a
+/// server reuses its session: prefix reuse, and the auto depth controller
+/// starting each request from what the last one learned).
+fn generate(
+    m: &LoadedModel,
+    s: &mut Session<'_>,
+    ids: &[u32],
+    opts: &GenerateOptions,
+) -> Res<Generation> {
     Ok(s.generate(&m.tokenizer, ids, opts, &AtomicBool::new(false), |_| {})?)
 }
 
@@ -117,6 +135,7 @@ impl Case {
             t.accepted += s.accepted;
             t.emitted += s.emitted;
             t.depth_over_time.extend(s.depth_over_time);
+            t.times.merge(&s.times);
             for (sum, part) in [
                 (&mut t.drafted_at, &s.drafted_at),
                 (&mut t.accepted_at, &s.accepted_at),
@@ -131,6 +150,24 @@ impl Case {
         }
         self.outputs.push(g.token_ids);
     }
+}
+
+/// Mean per-round costs in ms (`null` without drafted rounds).
+fn round_costs(t: &runner::RoundTimes) -> Value {
+    if t.rounds == 0 {
+        return Value::Null;
+    }
+    let n = t.rounds as f64;
+    json!({
+        "profiled": t.profiled, "rounds": t.rounds,
+        "round_ms": t.seconds * 1e3 / n,
+        "draft_ms": t.phases.draft * 1e3 / n,
+        "draft_step_ms": t.phases.draft * 1e3 / t.draft_steps.max(1) as f64,
+        "verify_ms": t.phases.verify * 1e3 / n,
+        "wait_ms": t.phases.wait * 1e3 / n,
+        "commit_ms": t.phases.commit * 1e3 / n,
+        "syncs_per_round": t.syncs as f64 / n,
+    })
 }
 
 /// The first `[prompt, token]` where `got` parts from `want`.
@@ -153,6 +190,7 @@ fn main() -> Res<()> {
     let (mut model, mut prompts_file, mut shape) = (None, None, String::from("?"));
     let (mut dtype_name, mut tokens, mut deadline) = (String::from("f32"), 256usize, None);
     let mut depths = "auto,4,3,2,1".to_owned();
+    let mut profile = Some(3);
     let mut ttft = "1000,600".to_owned();
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or(format!("{a} needs a value"));
@@ -163,6 +201,10 @@ fn main() -> Res<()> {
             "--dtype" => dtype_name = val()?,
             "--depths" => depths = val()?,
             "--tokens" => tokens = val()?.parse()?,
+            "--profile-depth" => {
+                let v = val()?;
+                profile = if v == "none" { None } else { Some(v.parse()?) };
+            }
             "--ttft-tokens" => ttft = val()?,
             "--deadline-s" => deadline = Some(Duration::from_secs_f64(val()?.parse()?)),
             other => return Err(format!("unknown argument {other}").into()),
@@ -223,9 +265,14 @@ fn main() -> Res<()> {
         })
         .collect::<Res<_>>()?;
 
-    let mut cases: Vec<(&str, DepthPolicy)> = vec![("off", DepthPolicy::Fixed(0))];
+    let mut cases: Vec<(&str, DepthPolicy, bool)> = vec![("off", DepthPolicy::Fixed(0), false)];
     if m.model.mtp_head().is_some() {
-        cases.extend(depths.iter().map(|&d| ("mtp", d)));
+        cases.extend(depths.iter().map(|&d| ("mtp", d, false)));
+        // One fixed depth again with every round synced per phase: device
+        // time of the draft, the verify forward and the acceptance.
+        if let Some(p) = profile {
+            cases.push(("mtp", DepthPolicy::Fixed(p), true));
+        }
     } else {
         eprintln!(
             "scale-bench: {} has no MTP head: plain only",
@@ -234,7 +281,7 @@ fn main() -> Res<()> {
     }
     let mut plain: Option<Vec<Vec<u32>>> = None;
     let mut last_case: Option<Duration> = None;
-    for (i, (method, depth)) in cases.into_iter().enumerate() {
+    for (i, (method, depth, profiled)) in cases.into_iter().enumerate() {
         let d = depth_json(depth);
         // The first MTP case may take several plain cases' time (slow rounds).
         let guess = last_case.map(|t| if i == 1 { t * 3 } else { t });
@@ -248,11 +295,14 @@ fn main() -> Res<()> {
             continue;
         }
         let case_start = Instant::now();
-        generate(&m, method, &prompts[0], &greedy(16, depth))?;
+        runner::set_profile_rounds(profiled);
+        let mut s = session(&m, method)?;
+        generate(&m, &mut s, &prompts[0], &greedy(16, depth))?;
         let mut c = Case::default();
         for ids in &prompts {
-            c.add(generate(&m, method, ids, &greedy(tokens, depth))?);
+            c.add(generate(&m, &mut s, ids, &greedy(tokens, depth))?);
         }
+        runner::set_profile_rounds(false);
         last_case = Some(case_start.elapsed());
         let decode_s = c.decode.as_secs_f64();
         let (equal, first) = match &plain {
@@ -265,7 +315,8 @@ fn main() -> Res<()> {
         let s = &c.spec;
         let speculative = method != "off";
         emit(&row(json!({
-            "kind": "decode", "method": method, "depth": d,
+            "kind": if profiled { "round-profile" } else { "decode" }, "method": method, "depth": d,
+            "round_costs": round_costs(&s.times),
             "tokens_per_s": if decode_s > 0.0 { c.timed_tokens as f64 / decode_s } else { 0.0 },
             "step_ms": if c.timed_tokens > 0 { decode_s * 1e3 / c.timed_tokens as f64 } else { 0.0 },
             "mean_accepted_length": if speculative && s.rounds > 0 { s.mean_accepted_length() } else { 1.0 },
@@ -291,7 +342,13 @@ fn main() -> Res<()> {
                 .collect();
             for (r, &n) in ttft.iter().enumerate() {
                 let n = n.min(m.model.context_length().saturating_sub(8));
-                let g = generate(&m, "off", &long[..n], &greedy(2, DepthPolicy::Fixed(0)))?;
+                let mut fresh = session(&m, "off")?;
+                let g = generate(
+                    &m,
+                    &mut fresh,
+                    &long[..n],
+                    &greedy(2, DepthPolicy::Fixed(0)),
+                )?;
                 emit(&row(
                     json!({"kind": "ttft", "method": "off", "depth": 0, "request": r + 1,
                                  "prompt_tokens": n, "ttft_ms": g.stats.prefill_time.as_secs_f64() * 1e3}),

@@ -286,7 +286,14 @@ impl DepthController {
                 .copied()
                 .flatten()
                 .is_some_and(|c| seconds > FIRST_USE_FACTOR * c);
-        tracing::trace!(drafted, accepted, ms = seconds * 1e3, catch_up, first, "round");
+        tracing::trace!(
+            drafted,
+            accepted,
+            ms = seconds * 1e3,
+            catch_up,
+            first,
+            "round"
+        );
         self.acceptance.observe(drafted, accepted);
         if catch_up {
             self.cost.observe_catch_up(drafted, self.plain_run, seconds);
@@ -381,7 +388,11 @@ mod tests {
         // Another policy starts afresh; a fixed depth learns nothing.
         let mut other = DepthController::resume(DepthPolicy::Auto { max: 6 }, Some(&learned));
         assert_eq!(other.choose(100), SEED_DEPTH);
-        assert!(DepthController::new(DepthPolicy::Fixed(2)).learned().is_none());
+        assert!(
+            DepthController::new(DepthPolicy::Fixed(2))
+                .learned()
+                .is_none()
+        );
     }
 
     #[test]

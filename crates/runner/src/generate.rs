@@ -141,7 +141,14 @@ impl Session<'_> {
             cancel,
             pipelined: opts.pipeline && !opts.sampling.uses_penalties(),
         };
-        decode(target, draft.as_mut(), &mut d, seed, opts.depth, depth_memory)?;
+        decode(
+            target,
+            draft.as_mut(),
+            &mut d,
+            seed,
+            opts.depth,
+            depth_memory,
+        )?;
         if let Some(r) = draft {
             r.close()?;
         }
@@ -218,6 +225,29 @@ impl Session<'_> {
         }
         Ok((body, seed[0]))
     }
+}
+
+thread_local! {
+    static PROFILE_ROUNDS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Makes this thread's later drafted rounds sync per phase, so their
+/// statistics ([`crate::RoundTimes`]) split device time by phase; slower,
+/// for measurement. Default: off, unless `MTP_PROFILE_ROUNDS=1`.
+pub fn set_profile_rounds(on: bool) {
+    PROFILE_ROUNDS.with(|p| p.set(Some(on)));
+}
+
+/// Whether drafted rounds on this thread sync per phase.
+pub(crate) fn profiling_rounds() -> bool {
+    PROFILE_ROUNDS.with(|p| match p.get() {
+        Some(v) => v,
+        None => {
+            let v = std::env::var("MTP_PROFILE_ROUNDS").is_ok_and(|v| v == "1");
+            p.set(Some(v));
+            v
+        }
+    })
 }
 
 /// The decode loop from `seed`: the speculative decoder when there is a

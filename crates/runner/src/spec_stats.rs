@@ -14,6 +14,92 @@ pub(crate) struct RoundOutcome {
     pub(crate) emitted: Vec<u32>,
     /// Wall time of the round in seconds.
     pub(crate) seconds: f64,
+    /// Where that time went (all zero for a plain step).
+    pub(crate) phases: Phases,
+    /// Blocking host syncs the round made.
+    pub(crate) syncs: u64,
+}
+
+/// Seconds of one drafted round by phase, or summed over rounds.
+///
+/// By default a round syncs once, so the phases are host-side: `draft` and
+/// `verify` are the time to build the draft chain and the verify/acceptance
+/// graph (with any sync the drafter itself makes), `wait` is the one sync,
+/// in which the device runs everything built before it, and `commit` is the
+/// rewind and bookkeeping after. Profiled ([`crate::set_profile_rounds`], or
+/// `MTP_PROFILE_ROUNDS=1`), the round
+/// syncs after the draft and after the verify forward as well, so `draft` is
+/// the draft chain's device time, `verify` the verify forward's, `wait` the
+/// unembedding, sampling and acceptance; slower, for measurement.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Phases {
+    /// Drafting (all draft steps).
+    pub draft: f64,
+    /// The verify forward.
+    pub verify: f64,
+    /// The wait for the device (profiled: unembedding, sampling, acceptance).
+    pub wait: f64,
+    /// Committing: cache rewinds, the drafter's bookkeeping.
+    pub commit: f64,
+}
+
+impl Phases {
+    fn add(&mut self, o: &Phases) {
+        self.draft += o.draft;
+        self.verify += o.verify;
+        self.wait += o.wait;
+        self.commit += o.commit;
+    }
+}
+
+/// Round costs of one generation, summed (means: divide by `rounds`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RoundTimes {
+    /// Whether the rounds synced per phase ([`crate::set_profile_rounds`]).
+    pub profiled: bool,
+    /// Drafted rounds timed.
+    pub rounds: usize,
+    /// Draft steps they ran (the sum of their depths).
+    pub draft_steps: usize,
+    /// Their wall time in seconds.
+    pub seconds: f64,
+    /// Their time by phase.
+    pub phases: Phases,
+    /// Their blocking host syncs.
+    pub syncs: u64,
+    /// Plain steps (depth 0, and a drafter with nothing to propose), to
+    /// compare a round with.
+    pub plain_steps: usize,
+    /// Their wall time in seconds.
+    pub plain_seconds: f64,
+}
+
+impl RoundTimes {
+    /// Adds a round.
+    pub(crate) fn record(&mut self, r: &RoundOutcome) {
+        if r.drafted == 0 {
+            self.plain_steps += 1;
+            self.plain_seconds += r.seconds;
+            return;
+        }
+        self.rounds += 1;
+        self.draft_steps += r.drafted;
+        self.seconds += r.seconds;
+        self.phases.add(&r.phases);
+        self.syncs += r.syncs;
+    }
+
+    /// Adds another generation's sums.
+    pub fn merge(&mut self, o: &RoundTimes) {
+        self.profiled |= o.profiled;
+        self.rounds += o.rounds;
+        self.draft_steps += o.draft_steps;
+        self.seconds += o.seconds;
+        self.phases.add(&o.phases);
+        self.syncs += o.syncs;
+        self.plain_steps += o.plain_steps;
+        self.plain_seconds += o.plain_seconds;
+    }
 }
 
 /// Figures of one speculative generation.
@@ -35,6 +121,8 @@ pub struct SpecStats {
     pub accepted_at: Vec<usize>,
     /// The depth of every round, in order.
     pub depth_over_time: Vec<usize>,
+    /// Where the rounds' time went.
+    pub times: RoundTimes,
 }
 
 impl SpecStats {
@@ -49,6 +137,10 @@ impl SpecStats {
             drafted_at: Vec::new(),
             accepted_at: Vec::new(),
             depth_over_time: Vec::new(),
+            times: RoundTimes {
+                profiled: crate::generate::profiling_rounds(),
+                ..RoundTimes::default()
+            },
         }
     }
 
@@ -59,6 +151,7 @@ impl SpecStats {
         self.accepted += round.accepted;
         self.emitted += round.emitted.len();
         self.depth_over_time.push(round.drafted);
+        self.times.record(round);
         if self.drafted_at.len() < round.drafted {
             self.drafted_at.resize(round.drafted, 0);
             self.accepted_at.resize(round.drafted, 0);
@@ -119,7 +212,14 @@ mod tests {
             drafted,
             accepted,
             emitted: vec![0; accepted + 1],
-            seconds: 0.0,
+            seconds: 0.01,
+            phases: Phases {
+                draft: 0.001,
+                verify: 0.002,
+                wait: 0.006,
+                commit: 0.001,
+            },
+            syncs: 1,
         }
     }
 
@@ -135,6 +235,12 @@ mod tests {
         assert!((s.mean_accepted_length() - 7.0 / 3.0).abs() < 1e-12);
         assert_eq!(s.depth_over_time, vec![3, 3, 0]);
         assert_eq!(s.depth_histogram(), vec![1, 0, 0, 2]);
+        let t = &s.times;
+        assert_eq!(
+            (t.rounds, t.draft_steps, t.syncs, t.plain_steps),
+            (2, 6, 2, 1)
+        );
+        assert!((t.phases.wait - 0.012).abs() < 1e-12 && (t.plain_seconds - 0.01).abs() < 1e-12);
         assert_eq!(
             SpecStats::new(DraftMethod::Mtp).depth_histogram(),
             Vec::<usize>::new()

@@ -87,7 +87,8 @@ mod tests {
     /// recurrent layers and draft cache take every row count in turn.
     #[test]
     fn the_warm_up_runs_through_target_and_head() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-hybrid-mtp");
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-hybrid-mtp");
         let m = crate::load(&dir, crate::LoadOptions::default(), |_, _| {}).unwrap();
         assert!(m.model.mtp_head().is_some());
         run(m.model.as_ref()).unwrap();

@@ -321,7 +321,9 @@ fn first_use_spikes_do_not_condemn_a_depth() {
     let best = sim.best();
     assert!(best >= 4, "best {best}");
     let total = |runs: &mut dyn FnMut(u64) -> (usize, f64)| {
-        let (t, s) = (1..=10).map(&mut *runs).fold((0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+        let (t, s) = (1..=10)
+            .map(&mut *runs)
+            .fold((0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
         t as f64 / s
     };
     let fixed = total(&mut |seed| {
@@ -332,7 +334,8 @@ fn first_use_spikes_do_not_condemn_a_depth() {
     let fresh = total(&mut |seed| {
         let mut d = DepthController::new(DepthPolicy::default());
         let (picks, t, s) = sim.run_timed(&mut d, 70, seed);
-        let depths: std::collections::BTreeSet<usize> = picks.into_iter().filter(|&k| k > 0).collect();
+        let depths: std::collections::BTreeSet<usize> =
+            picks.into_iter().filter(|&k| k > 0).collect();
         (t, s - sim.first_use * depths.len() as f64)
     });
     let resumed = total(&mut |seed| {
@@ -343,6 +346,12 @@ fn first_use_spikes_do_not_condemn_a_depth() {
         let (_, t, s) = warm.run_timed(&mut d, 70, seed + 100);
         (t, s)
     });
-    assert!(fresh >= 0.9 * fixed, "fresh {fresh:.0} vs fixed {fixed:.0} tok/s");
-    assert!(resumed >= 0.95 * fixed, "resumed {resumed:.0} vs fixed {fixed:.0} tok/s");
+    assert!(
+        fresh >= 0.9 * fixed,
+        "fresh {fresh:.0} vs fixed {fixed:.0} tok/s"
+    );
+    assert!(
+        resumed >= 0.95 * fixed,
+        "resumed {resumed:.0} vs fixed {fixed:.0} tok/s"
+    );
 }

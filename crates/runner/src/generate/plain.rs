@@ -84,6 +84,8 @@ pub(super) fn run<F: FnMut(&str)>(
                 accepted: 0,
                 emitted: vec![id],
                 seconds,
+                phases: Default::default(),
+                syncs: 1,
             });
         }
         if let Some(a) = &ahead {

@@ -26,7 +26,7 @@ use crate::depth::{DepthController, DepthPolicy, Learned};
 use crate::drafter::DraftRun;
 use crate::error::Result;
 use crate::session::Target;
-use crate::spec_stats::{RoundOutcome, SpecStats};
+use crate::spec_stats::{Phases, RoundOutcome, SpecStats};
 
 /// Rounds of draft, verify, accept from `seed` (the prompt's last token,
 /// not forwarded), until the output is done or the run is cancelled.
@@ -106,9 +106,15 @@ fn round<F: FnMut(&str)>(
     d: &mut Decode<'_, F>,
 ) -> Result<RoundOutcome> {
     let t0 = Instant::now();
+    let syncs0 = mlx_tensor::host_syncs();
+    let profile = crate::generate::profiling_rounds();
     let pos = target.offset();
     let cur = Array::from_slice(&[current], &[1])?;
     let proposal = draft.propose(current, &cur, target.committed(), depth, d.draft_sampling())?;
+    if profile && let Some(p) = &proposal {
+        mlx_tensor::eval([&p.tokens])?;
+    }
+    let t_draft = Instant::now();
     let Some(proposal) = proposal else {
         let s = step(target, &cur, d)?;
         // The step's one sync: the sample's graph holds the forward, and so
@@ -121,6 +127,8 @@ fn round<F: FnMut(&str)>(
             accepted: 0,
             emitted: vec![next],
             seconds: t0.elapsed().as_secs_f64(),
+            phases: Phases::default(),
+            syncs: mlx_tensor::host_syncs() - syncs0,
         });
     };
 
@@ -129,6 +137,10 @@ fn round<F: FnMut(&str)>(
     let input = ops::concatenate(&[cur, proposal.tokens.clone()], 0)?;
     let verify = target.begin_verify(&input, k)?;
     let hidden = verify.hidden().clone();
+    if profile {
+        hidden.eval()?;
+    }
+    let t_verify = Instant::now();
     let logits = model.unembed(&hidden)?;
     // Penalties see the draft chain up to each row; without penalties the
     // chain is irrelevant and reading it would cost a sync.
@@ -142,8 +154,10 @@ fn round<F: FnMut(&str)>(
     // The round's one sync: the acceptance's graph holds the target forward
     // (every cache write, the hiddens reported below) and the draft chain.
     // The target rows' finiteness is read in the same sync.
+    let t_built = Instant::now();
     let mut emitted =
         crate::finite::read_emitted(&acceptance, &logits, d.options, pos + 1, hidden.dtype())?;
+    let t_read = Instant::now();
     let accepted = emitted.len() - 1;
     // Keep `current` and the accepted drafts before any end-of-sequence token.
     let keep_drafts = match emitted.iter().position(|&t| d.output.is_eos(t)) {
@@ -164,10 +178,26 @@ fn round<F: FnMut(&str)>(
         &hidden.slice_axis(0, 0, keep as i32)?,
         pos,
     )?;
+    let t_end = Instant::now();
+    let secs = |a: Instant, b: Instant| (b - a).as_secs_f64();
+    // Unprofiled, building the verify graph counts as verify and the one
+    // sync as the wait; profiled, the verify forward ran in its own sync.
+    let (verify_end, wait_start) = if profile {
+        (t_verify, t_verify)
+    } else {
+        (t_built, t_built)
+    };
     Ok(RoundOutcome {
         drafted: k,
         accepted,
         emitted,
-        seconds: t0.elapsed().as_secs_f64(),
+        seconds: secs(t0, t_end),
+        phases: Phases {
+            draft: secs(t0, t_draft),
+            verify: secs(t_draft, verify_end),
+            wait: secs(wait_start, t_read),
+            commit: secs(t_read, t_end),
+        },
+        syncs: mlx_tensor::host_syncs() - syncs0,
     })
 }
