@@ -5,7 +5,9 @@
 //!
 //! `cargo run --release -p runner --features testing --example verify-probe --
 //! [--model DIR | --shape tiny|1.7b|8b] [--dtype bf16|f32] [--rounds N]
-//! [--paths fused,explicit,padded]`
+//! [--paths fused,explicit,padded] [--host-only]`
+//!
+//! First, always: the host cost of a one-token step (`"probe":"host"`).
 //!
 //! Without `--model` a random-weight Qwen3 checkpoint of `--shape` is written
 //! to a temporary folder first (the timings do not depend on the values).
@@ -79,12 +81,69 @@ fn verify_rounds(
     (caches, times)
 }
 
+/// Host cost of a one-token step at key length ~1,000: building its graph
+/// (forward, unembedding, argmax; no evaluation), the op count of that graph,
+/// the synced step, and a pipelined loop (the next step built from the lazy
+/// token and dispatched before the current one is read). A step whose build
+/// time nears the pipelined time per token is bound by the host.
+#[allow(clippy::print_stdout)]
+fn host_probe(m: &dyn Model, ids: &dyn Fn(usize, u32) -> Vec<u32>, rounds: usize, dt: &str) {
+    let mut caches = m.new_caches();
+    timed(m, &mut caches, &ids(1000, 5));
+    let (mut build, mut synced, mut nodes) = (Vec::new(), Vec::new(), 0);
+    for r in 0..rounds + 2 {
+        let t = Array::from_slice(&ids(1, r as u32), &[1]).expect("tokens");
+        let start = Instant::now();
+        let h = m.forward(&t, &mut caches).expect("forward");
+        let y = m
+            .unembed(&h)
+            .expect("unembed")
+            .argmax(-1, false)
+            .expect("argmax");
+        let built = start.elapsed().as_secs_f64() * 1e3;
+        nodes = y.pending_nodes();
+        y.eval().expect("eval");
+        if r >= 2 {
+            build.push(built);
+            synced.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    // Pipelined: step i + 1 is built on step i's lazy token.
+    let t = Array::from_slice(&ids(1, 1), &[1]).expect("tokens");
+    let step = |caches: &mut [Box<dyn kvcache::Cache>], t: &Array| -> Array {
+        let h = m.forward(t, caches).expect("forward");
+        m.unembed(&h)
+            .expect("unembed")
+            .argmax(-1, false)
+            .expect("argmax")
+            .reshape(&[1])
+            .expect("reshape")
+    };
+    let mut y = step(&mut caches, &t);
+    y.async_eval().expect("async_eval");
+    let start = Instant::now();
+    for _ in 0..rounds {
+        let next = step(&mut caches, &y);
+        next.async_eval().expect("async_eval");
+        let _: u32 = y.item().expect("item");
+        y = next;
+    }
+    let _: u32 = y.item().expect("item");
+    let pipelined = start.elapsed().as_secs_f64() * 1e3 / rounds as f64;
+    println!(
+        "{}",
+        json!({"probe":"host","dtype":dt,"graph_nodes":nodes,"build_ms":median(build),
+               "synced_step_ms":median(synced),"pipelined_ms_per_token":pipelined,"rounds":rounds})
+    );
+}
+
 // A benchmark binary: notes go to stderr, results to stdout.
 #[allow(clippy::print_stdout, clippy::print_stderr)]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let (mut model, mut shape_name, mut dtype, mut rounds) =
         (None, "tiny".to_owned(), Dtype::Bfloat16, 24usize);
+    let mut host_only = false;
     let mut paths = vec![
         AttentionPath::Fused,
         AttentionPath::Explicit,
@@ -103,6 +162,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
             "--rounds" => rounds = val()?.parse()?,
+            "--host-only" => host_only = true,
             "--paths" => {
                 paths = val()?
                     .split(',')
@@ -143,6 +203,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect()
     };
     let dt = format!("{dtype:?}");
+    host_probe(m, &ids, rounds.max(32), &dt);
+    if host_only {
+        return Ok(());
+    }
     for &path in &paths {
         set_attention_path(path);
         let p = format!("{path:?}").to_lowercase();
