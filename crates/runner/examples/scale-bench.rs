@@ -10,6 +10,7 @@
 //! where training documents start) then the text's tokens, the ids
 //! `mlx_lm_scale.py` uses too. One JSON line per result, `"bench":"spec-scale"`:
 //! * `kind: "load"`: `load_s`, `weight_bytes` (MLX active memory the weights hold).
+//! * `kind: "host"`: the host cost of a plain step (`examples/support/host.rs`).
 //! * `kind: "decode"`, per (method, depth): `tokens_per_s` = tokens after each
 //!   run's first ÷ total decode time, over all prompts; `step_ms` (decode time per
 //!   token); `mean_accepted_length`, `acceptance_rate`, `per_position_acceptance`,
@@ -39,6 +40,9 @@ use runner::{
     SpecStats,
 };
 use serde_json::{Value, json};
+
+#[path = "support/host.rs"]
+mod host;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -255,6 +259,15 @@ fn main() -> Res<()> {
     emit(&row(
         json!({"kind": "load", "load_s": t0.elapsed().as_secs_f64(),
                      "weight_bytes": weight_bytes, "model": model.display().to_string()}),
+    ))?;
+    // The host cost of a plain step (graph build, op count, synced and
+    // pipelined time per token), before any case.
+    let vocab = m.model.vocab_size() as u32;
+    let ids = |n: usize, salt: u32| -> Vec<u32> {
+        (0..n as u32).map(|i| (i * 7919 + salt) % vocab).collect()
+    };
+    emit(&row(
+        json!({"kind": "host", "host": host::probe(m.model.as_ref(), &ids, 48)}),
     ))?;
     let prompts: Vec<Vec<u32>> = texts
         .iter()

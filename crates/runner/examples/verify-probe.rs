@@ -19,6 +19,9 @@ use runner::testing::{Arch, Fixture, write_checkpoint};
 use runner::{AttentionPath, LoadOptions, Model, set_attention_path, set_rows_kernel};
 use serde_json::json;
 
+#[path = "support/host.rs"]
+mod host;
+
 fn shape(name: &str) -> Option<Fixture> {
     let base = Fixture::new(Arch::Qwen3);
     let (hidden, layers, heads, kv_heads, head_dim, intermediate, vocab) = match name {
@@ -79,62 +82,6 @@ fn verify_rounds(
         .skip(2)
         .collect();
     (caches, times)
-}
-
-/// Host cost of a one-token step at key length ~1,000: building its graph
-/// (forward, unembedding, argmax; no evaluation), the op count of that graph,
-/// the synced step, and a pipelined loop (the next step built from the lazy
-/// token and dispatched before the current one is read). A step whose build
-/// time nears the pipelined time per token is bound by the host.
-#[allow(clippy::print_stdout)]
-fn host_probe(m: &dyn Model, ids: &dyn Fn(usize, u32) -> Vec<u32>, rounds: usize, dt: &str) {
-    let mut caches = m.new_caches();
-    timed(m, &mut caches, &ids(1000, 5));
-    let (mut build, mut synced, mut nodes) = (Vec::new(), Vec::new(), 0);
-    for r in 0..rounds + 2 {
-        let t = Array::from_slice(&ids(1, r as u32), &[1]).expect("tokens");
-        let start = Instant::now();
-        let h = m.forward(&t, &mut caches).expect("forward");
-        let y = m
-            .unembed(&h)
-            .expect("unembed")
-            .argmax(-1, false)
-            .expect("argmax");
-        let built = start.elapsed().as_secs_f64() * 1e3;
-        nodes = y.pending_nodes();
-        y.eval().expect("eval");
-        if r >= 2 {
-            build.push(built);
-            synced.push(start.elapsed().as_secs_f64() * 1e3);
-        }
-    }
-    // Pipelined: step i + 1 is built on step i's lazy token.
-    let t = Array::from_slice(&ids(1, 1), &[1]).expect("tokens");
-    let step = |caches: &mut [Box<dyn kvcache::Cache>], t: &Array| -> Array {
-        let h = m.forward(t, caches).expect("forward");
-        m.unembed(&h)
-            .expect("unembed")
-            .argmax(-1, false)
-            .expect("argmax")
-            .reshape(&[1])
-            .expect("reshape")
-    };
-    let mut y = step(&mut caches, &t);
-    y.async_eval().expect("async_eval");
-    let start = Instant::now();
-    for _ in 0..rounds {
-        let next = step(&mut caches, &y);
-        next.async_eval().expect("async_eval");
-        let _: u32 = y.item().expect("item");
-        y = next;
-    }
-    let _: u32 = y.item().expect("item");
-    let pipelined = start.elapsed().as_secs_f64() * 1e3 / rounds as f64;
-    println!(
-        "{}",
-        json!({"probe":"host","dtype":dt,"graph_nodes":nodes,"build_ms":median(build),
-               "synced_step_ms":median(synced),"pipelined_ms_per_token":pipelined,"rounds":rounds})
-    );
 }
 
 // A benchmark binary: notes go to stderr, results to stdout.
@@ -203,7 +150,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect()
     };
     let dt = format!("{dtype:?}");
-    host_probe(m, &ids, rounds.max(32), &dt);
+    let host = host::probe(m, &|n, salt| ids(n, salt), rounds.max(32));
+    println!("{}", json!({"probe": "host", "dtype": dt, "host": host}));
     if host_only {
         return Ok(());
     }
