@@ -50,7 +50,6 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import train_hybrid as th  # noqa: E402
-from common import EOT_ID  # noqa: E402
 
 MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
             "router_aux_loss_coef")
@@ -77,7 +76,7 @@ VISION_CONFIG = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
 
 # ----------------------------------------------------------------------------- MoE block
 class Experts(nn.Module):
-    """E SwiGLU experts stored as the hub stores them: gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I]."""
+    """E SwiGLU experts as the hub stores them: gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I]."""
 
     def __init__(self, c):
         super().__init__()
@@ -331,7 +330,7 @@ def hf_config(c):
 
 
 def export_state(model):
-    """train_hybrid's export (bf16, f32 A_log/dt_bias, bf16-exact zero-centred norms), trunk renamed to the hub prefix."""
+    """train_hybrid's export (bf16, f32 A_log/dt_bias, bf16-exact zero-centred norms), trunk under the hub prefix."""
     return {(HUB_TRUNK + k[len("model."):] if k.startswith("model.") else k): v
             for k, v in th.export_state(model).items()}
 
