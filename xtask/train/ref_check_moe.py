@@ -15,6 +15,8 @@ Checks, all in float32 math on the stored weights:
   3. transformers' PreTrainedTokenizerFast encodes the prompts exactly like `tokenizers`;
      AutoModelForCausalLM resolves the folder to Qwen3_5MoeForCausalLM. Reported, not checked:
      AutoTokenizer (and so mlx-lm's load) picks Qwen3_5Tokenizer, which encodes text differently.
+  4. train_moe.chain_drafts (the batched MTP draft chains behind metrics.json's mtp_chain_acceptance)
+     equals a one-chain-at-a-time recomputation on prompt 0's continuation, every draft of every chain.
 It also reports what no reference implements (mlx-lm drops mtp.*, transformers ignores it): the MTP
 head's greedy acceptance per draft position along the greedy continuations, drafting a chain from its
 own output as the runner does (train_moe.chain_acceptance), and the routers' expert shares on the prompts.
@@ -54,15 +56,33 @@ def run_hf(cls, path, prompts, n):
 
 @torch.no_grad()
 def chain_on_continuations(model, prompts, continuations, depth):
-    """train_moe.chain_acceptance summed over the prompts' greedy streams."""
-    through, chains = [0] * depth, 0
-    for ids, cont in zip(prompts, continuations):
-        r = tm.chain_acceptance(model, torch.tensor([ids + cont]), len(ids), depth)
-        chains += r["chains"]
-        through = [a + b for a, b in zip(through, r["accepted_through"])]
-    cond = [through[0] / chains] + [through[p] / through[p - 1] if through[p - 1] else None for p in range(1, depth)]
-    return {"chains": chains, "accepted_through": through, "conditional_per_position": cond,
-            "mean_accepted_of_depth": sum(through) / chains}
+    """train_moe's MTP chains along the prompts' greedy streams: the acceptance summed over the
+    prompts, and how many drafts of prompt 0's chains differ from a one-chain-at-a-time recomputation
+    (the MTP layer run on the explicit row sequence of each chain: teacher rows 0..i, then its drafts)."""
+    pairs, drafts, streams = [], [], []
+    for k, (ids, cont) in enumerate(zip(prompts, continuations)):
+        st = torch.tensor([ids + cont])
+        ps, ds = tm.chain_drafts(model, st, len(ids), depth)
+        pairs += [(k, i) for _, i in ps]
+        drafts.append(ds)
+        streams.append(st[0])
+    L = max(len(x) for x in streams)
+    padded = torch.stack([torch.cat([x, x.new_zeros(L - len(x))]) for x in streams])
+    r = tm.acceptance(pairs, torch.cat(drafts), padded)
+    st = streams[0][None]
+    h, _ = model.trunk(st)
+    u0 = model.mtp_inputs(st[:, 1:], h[:, :-1])
+    diff = 0
+    for n, i in enumerate(tm.chain_starts(st.shape[1], len(prompts[0]), depth)):
+        rows, d, n_prev = u0[:, :i + 1], None, model.mtp_block(u0[:, :i + 1])[0][:, -1]
+        for p in range(depth):
+            d = model.lm_head(n_prev).argmax(-1)
+            diff += int(d.item() != int(drafts[0][n, p]))
+            rows = torch.cat([rows, model.mtp_inputs(d[:, None], n_prev[:, None])], 1)
+            n_prev = model.mtp_block(rows)[0][:, -1]
+    r["recompute_checked_drafts"] = len(tm.chain_starts(st.shape[1], len(prompts[0]), depth)) * depth
+    r["recompute_differing_drafts"] = diff
+    return r
 
 
 def main():
@@ -130,6 +150,7 @@ def main():
               f"-> {per[-1]['text'][:50]!r}")
     n_ok = sum(r["agree"] for r in per)
     chain = chain_on_continuations(model, prompts, impls["own"][0], args.depth)
+    ok_all &= chain["recompute_differing_drafts"] == 0
     usage = tm.expert_usage(model, torch.tensor(sum(prompts, [])), 64, "cpu", 64 * 64)
     res.update({"prompts_agreeing": f"{n_ok}/{len(per)}",
                 "max_abs_d_logits": max(max(r["max_abs_d_logits"].values()) for r in per),
@@ -141,7 +162,8 @@ def main():
           f"max|d logit| {res['max_abs_d_logits']:.2e} (tol {args.logit_tol:g}); tokenizer match {tok_ok}")
     print(f"MTP chain acceptance per draft position on these continuations ({chain['chains']} chains): "
           + ", ".join("-" if x is None else f"{x:.3f}" for x in chain["conditional_per_position"])
-          + f"; mean accepted of {args.depth}: {chain['mean_accepted_of_depth']:.2f}")
+          + f"; mean accepted of {args.depth}: {chain['mean_accepted_of_depth']:.2f}; drafts differing from a "
+          f"one-chain-at-a-time recomputation: {chain['recompute_differing_drafts']}/{chain['recompute_checked_drafts']}")
     if not auto_tok_ok:
         print(f"NOTE: AutoTokenizer gives {type(auto_tok).__name__}, which encodes text differently from "
               f"tokenizer.json (mlx-lm's load() uses it too): feed token ids or load PreTrainedTokenizerFast.")

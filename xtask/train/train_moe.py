@@ -260,42 +260,63 @@ def greedy_streams(model, prompts, n):
     return seq
 
 
-@torch.no_grad()
-def chain_acceptance(model, streams, first, depth, batch=256):
-    """Greedy acceptance per draft position of MTP chains along greedy streams [S, L].
+def chain_starts(L, first, depth):
+    """Chain starts i along a stream of L tokens whose tokens from `first` on are greedy: every compared
+    token x_{i+2}..x_{i+1+depth} is greedy and inside the stream."""
+    return range(max(0, first - 2), L - 1 - depth)
 
-    A chain starts after stream token x_{i+1} (i >= first - 2, so every compared token is greedy): the
-    MTP head's rows 0..i hold (h_j, x_{j+1}) as prefill leaves them; draft 1 = argmax of row i; draft p
-    sits at row i+p-1 with (mtp.norm output of draft p-1, draft p-1) as its input, attending rows
-    0..i+p-2 (the runner's MTP drafter, from its own cache). Draft p is accepted iff it equals x_{i+1+p}
-    and drafts 1..p-1 were. Returns chains, accepted-through counts and the conditional rate per position."""
+
+@torch.no_grad()
+def chain_drafts(model, streams, first, depth, batch=256):
+    """MTP draft chains along greedy streams [S, L]: ([(s, i)], drafts [chains, depth]).
+
+    A chain starts after stream token x_{i+1} (i in chain_starts): the MTP head's rows 0..i hold
+    (h_j, x_{j+1}) as prefill leaves them; draft 1 = argmax of row i; draft p sits at row i+p-1 with
+    (mtp.norm output of draft p-1, draft p-1) as its input, attending rows 0..i+p-2 (the runner's MTP
+    drafter, from its own cache). Every chain is drafted to full depth, accepted or not."""
     S, L = streams.shape
     h, _ = model.trunk(streams)
     u0 = model.mtp_inputs(streams[:, 1:], h[:, :-1])  # row j = (h_j, x_{j+1}), j = 0..L-2
     n0, _ = model.mtp_block(u0)
-    pairs = [(s, i) for s in range(S) for i in range(max(0, first - 2), L - 2 - depth + 1)]
-    through = [0] * depth
+    pairs = [(s, i) for s in range(S) for i in chain_starts(L, first, depth)]
+    drafts = []
     for c0 in range(0, len(pairs), batch):
         ps = pairs[c0:c0 + batch]
+        b = torch.arange(len(ps), device=streams.device)
         si = torch.tensor([s for s, _ in ps], device=streams.device)
         ii = torch.tensor([i for _, i in ps], device=streams.device)
         U = u0[si].clone()  # [b, L-1, H]
         n_prev = n0[si, ii]  # [b, H]
-        ok = torch.ones(len(ps), dtype=torch.bool, device=streams.device)
+        ds = []
         for p in range(1, depth + 1):
-            d = model.lm_head(n_prev).argmax(-1)
-            ok &= d == streams[si, ii + 1 + p]
-            through[p - 1] += int(ok.sum())
+            ds.append(model.lm_head(n_prev).argmax(-1))
             if p == depth:
                 break
             row = ii + p
-            U[torch.arange(len(ps)), row] = model.mtp_inputs(d[:, None], n_prev[:, None])[:, 0]
-            n, _ = model.mtp_block(U[:, :int(row.max()) + 1])
-            n_prev = n[torch.arange(len(ps)), row]
+            U[b, row] = model.mtp_inputs(ds[-1][:, None], n_prev[:, None])[:, 0]
+            n_prev = model.mtp_block(U[:, :int(row.max()) + 1])[0][b, row]  # causal: later rows unseen
+        drafts.append(torch.stack(ds, 1))
+    return pairs, torch.cat(drafts).cpu()
+
+
+def acceptance(pairs, drafts, streams):
+    """Draft p of the chain at (s, i) is accepted iff it equals x_{i+1+p} and drafts 1..p-1 were.
+    Returns chains, accepted-through counts, the conditional rate per position and the mean accepted."""
+    streams = streams.cpu()
+    depth = drafts.shape[1]
+    want = torch.stack([streams[s, i + 2:i + 2 + depth] for s, i in pairs])
+    ok = (drafts == want).long().cumprod(1)
+    through = ok.sum(0).tolist()
     cond = [through[0] / len(pairs)] + [through[p] / through[p - 1] if through[p - 1] else None
                                          for p in range(1, depth)]
     return {"chains": len(pairs), "accepted_through": through, "conditional_per_position": cond,
             "mean_accepted_of_depth": sum(through) / len(pairs)}
+
+
+def chain_acceptance(model, streams, first, depth):
+    """Greedy acceptance per draft position of the MTP chains along greedy streams (chain_drafts)."""
+    pairs, drafts = chain_drafts(model, streams, first, depth)
+    return acceptance(pairs, drafts, streams)
 
 
 def extra_eval(model, held, T, device, args):
