@@ -262,7 +262,9 @@ def main():
             if ch:
                 w(f"- MTP chain acceptance per draft position along these continuations ({ch['chains']} chains): "
                   + ", ".join("-" if x is None else f"{x:.3f}" for x in ch["conditional_per_position"])
-                  + f"; mean accepted of {len(ch['accepted_through'])}: {ch['mean_accepted_of_depth']:.2f}.")
+                  + f"; mean accepted of {len(ch['accepted_through'])}: {ch['mean_accepted_of_depth']:.2f}. The batched "
+                  f"chains (what `metrics.json` measures with) equal a one-chain-at-a-time recomputation: "
+                  f"{ch['recompute_differing_drafts']} of {ch['recompute_checked_drafts']} drafts differ.")
             w("")
         elif rc and is_hybrid:
             w("## Reference check (`xtask/train/ref_check_hybrid.py`)\n")
