@@ -6,7 +6,9 @@ training loop itself.
 
 A model family plugs in through a `Family`: its config for a --model name, a constructor, its export
 and its loader. Models must implement `forward(idx, mtp_next=None) -> (logits, mtp_logits | None)` and
-have an `mtp` attribute (None without an MTP head).
+have an `mtp` attribute (None without an MTP head). A model with `has_aux_loss = True` (the MoE's
+load-balancing loss) is called as `forward(idx, mtp_next, with_aux=True) -> (logits, mtp_logits, aux)`
+while training, and `aux` (already weighted) is added to the loss.
 """
 import contextlib
 import json
@@ -270,16 +272,19 @@ class Family:
     opt: dict  # model_name -> (peak lr, batch in sequences)
     export: Callable  # (model, config, out, data, model_name) -> None
     load_export: Callable  # (path, device) -> (model, config)
+    # (exported model, held-out tokens, seq_len, device, args) -> dict merged into metrics.json, or None
+    extra_eval: Callable | None = None
 
 
-def make_family(base, configs, smoke, build, opt, export, load_export):
+def make_family(base, configs, smoke, build, opt, export, load_export, extra_eval=None):
     """A Family whose config for --model NAME is base + configs[NAME] (+ smoke with --smoke)."""
     def config(model_name, is_smoke):
         c = dict(base, **configs[model_name])
         if is_smoke:
             c.update(smoke)
         return c
-    return Family(config=config, build=build, opt=opt, export=export, load_export=load_export)
+    return Family(config=config, build=build, opt=opt, export=export, load_export=load_export,
+                  extra_eval=extra_eval)
 
 
 def load_weights(model, path, device):
@@ -320,7 +325,8 @@ def add_train_args(ap):
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--eval-tokens", type=int, default=None, help="cap held-out tokens in the final eval")
     ap.add_argument("--deadline", type=float, default=None,
-                    help="hard wall-clock limit (s from start) for the training loop; stops early and exports")
+                    help="hard wall-clock limit (s from start) for the training loop; stops early and exports. "
+                         "With --steps auto the schedule is also fitted into it after the warm-up")
     ap.add_argument("--eval-only", action="store_true", help="load --out and evaluate it on held-out data")
     ap.add_argument("--device", default=None)
     ap.add_argument("--prepare-only", action="store_true",
@@ -379,15 +385,21 @@ def run(args, fam: Family):
     if args.compile:
         fwd = torch.compile(model)
 
+    aux_kw = {"with_aux": True} if getattr(model, "has_aux_loss", False) else {}
+
     def loss_fn(m, w):
+        """(total loss, next-token CE, MTP CE or None, auxiliary loss or None)."""
         x, y = w[:, :-1], w[:, 1:]
         with amp():
-            logits, mlog = m(x, mtp_next=y if model.mtp is not None else None)
+            out = m(x, mtp_next=y if model.mtp is not None else None, **aux_kw)
+            logits, mlog = out[0], out[1]
+            aux = out[2] if aux_kw else None
             l1 = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
+            loss = l1 if aux is None else l1 + aux
             if mlog is None:
-                return l1, l1, None
+                return loss, l1, None, aux
             l2 = F.cross_entropy(mlog[:, :-1].float().reshape(-1, mlog.size(-1)), y[:, 1:].reshape(-1))
-            return l1 + args.mtp_weight * l2, l1, l2
+            return loss + args.mtp_weight * l2, l1, l2, aux
 
     gen = torch.Generator(device=device)
     offs = torch.arange(T + 1, device=device)
@@ -402,7 +414,7 @@ def run(args, fam: Family):
 
     def timed_passes(k):
         for _ in range(k):
-            loss, _, _ = loss_fn(fwd, get_batch(calib_gen))
+            loss = loss_fn(fwd, get_batch(calib_gen))[0]
             loss.backward()
         model.zero_grad(set_to_none=True)
         if device == "cuda":
@@ -423,7 +435,10 @@ def run(args, fam: Family):
     timed_passes(k)
     per_pass = (time.time() - t0) / k
     if args.steps == "auto":
-        steps = int(args.time_budget / (per_pass * 1.04))  # ~4% for optimizer step + evals
+        budget = args.time_budget
+        if args.deadline:  # a slow compile shortens the schedule instead of cutting its cosine tail
+            budget = min(budget, args.deadline - (time.time() - t_start) - 5.0)
+        steps = int(budget / (per_pass * 1.04))  # ~4% for optimizer step + evals
         steps = max(10, (steps // 50) * 50 if steps >= 100 else steps)
     else:
         steps = int(args.steps)
@@ -448,7 +463,7 @@ def run(args, fam: Family):
     for s in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(s)
-        loss, l1, l2 = loss_fn(fwd, get_batch(gen))
+        loss, l1, l2, aux = loss_fn(fwd, get_batch(gen))
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -457,6 +472,7 @@ def run(args, fam: Family):
         if s % 25 == 0 or s == steps - 1:
             rec = {"step": s, "lr": lr_at(s), "loss": loss.item(), "ce": l1.item(),
                    "mtp_ce": (l2.item() if l2 is not None else None), "gnorm": gnorm.item(),
+                   **({"aux": aux.item()} if aux is not None else {}),
                    "elapsed": time.time() - t_train}
             last = rec
             ema = rec["ce"] if ema is None else 0.9 * ema + 0.1 * rec["ce"]
@@ -483,6 +499,7 @@ def run(args, fam: Family):
     t0 = time.time()
     r = evaluate(ev, held, T, device, contextlib.nullcontext, args.eval_tokens)
     print("final " + json.dumps(r), flush=True)
+    extra = fam.extra_eval(ev, held, T, device, args) if fam.extra_eval else {}
     metrics = {
         "model": args.model, "config": c, "params": n_params, "mtp_params": n_mtp,
         "steps": done, "planned_steps": steps, "batch": batch, "seq_len": T,
@@ -492,7 +509,7 @@ def run(args, fam: Family):
         "seed": args.seed, "compile": fwd is not model, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__, "precision": "bf16 autocast" if device == "cuda" else "fp32",
         "compile_warmup_s": warm_s, "train_wall_s": train_s, "eval_s": time.time() - t0,
-        "final_train": last, "heldout": r,
+        "final_train": last, "heldout": r, **extra,
         "command": " ".join(sys.argv),
     }
     with open(os.path.join(args.out, "metrics.json"), "w") as f:
