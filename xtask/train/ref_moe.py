@@ -2,7 +2,7 @@
 
 Imported by ref_formats.py, which calls `BUILDERS[name](out, work, rf)` with itself as `rf` (its
 helpers: perturb, greedy_torch, greedy_mlx, write_tokenizer, expected, strip, patch_config, VOCAB,
-PROMPT, MAX_TOKENS, SEED, EOT). Folders written for `qwen3_5_moe`:
+PROMPT, MAX_TOKENS, SEED, EOT, common_config). Folders written for `qwen3_5_moe`:
 
 | folder | layout | reference |
 | --- | --- | --- |
@@ -13,6 +13,11 @@ PROMPT, MAX_TOKENS, SEED, EOT). Folders written for `qwen3_5_moe`:
 
 The two transformers folders carry a random `mtp.*` head (its block a MoE layer, in the folder's
 expert layout) after saving; mlx-lm drops it on conversion, as it does for real checkpoints.
+
+`qwen3_moe` (no shared expert, `norm_topk_prob` false, layer 0 dense by `mlp_only_layers`) and
+`qwen2_moe` (gated shared expert, q/k/v bias, every layer sparse: mlx-lm ignores
+`mlp_only_layers` and `head_dim` there: head_dim = H / heads) get the same four folders without
+MTP; mlx-lm 0.32.2 converts their per-expert `save_pretrained` form (it stacks the experts).
 """
 import json
 import math
@@ -165,4 +170,78 @@ def build_qwen3_5_moe(out, work, rf):
     return made
 
 
-BUILDERS = {"qwen3_5_moe": build_qwen3_5_moe}
+def llama_moe(cls_name, cfg_name, rf, **kw):
+    import transformers
+
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+               decoder_sparse_step=1, hidden_size=64)
+    moe.update(kw)
+    cfg = getattr(transformers, cfg_name)(**rf.common_config(**moe))
+    return getattr(transformers, cls_name)(cfg)
+
+
+def build_llama_moe(name, make, out, work, rf):
+    """hub (fused, from the state dict), hf (`save_pretrained`, per-expert), mlx f32 and q4."""
+    import mlx_lm
+    import transformers
+    from mlx_lm import convert
+
+    torch.manual_seed(rf.SEED)
+    model = make().float().eval()
+    rf.perturb(model, rf.SEED)
+    experts_fan_in(model, rf.SEED + 2)
+    ref = rf.greedy_torch(model, rf.PROMPT, rf.MAX_TOKENS)
+    print(f"{name}: transformers f32 {ref}")
+    tf = f"transformers {transformers.__version__} f32"
+    made = []
+    hub = os.path.join(out, f"{name}-hub-f32")
+    shutil.rmtree(hub, ignore_errors=True)
+    save_hub(model, hub)
+    names = load_file(os.path.join(hub, "model.safetensors")).keys()
+    assert any(k.endswith("mlp.experts.gate_up_proj") for k in names), "hub form is fused"
+    rf.strip(hub)
+    rf.expected(hub, ref, tf, {"mtp": False})
+    made.append(hub)
+    hf = os.path.join(out, f"{name}-hf-f32")
+    shutil.rmtree(hf, ignore_errors=True)
+    model.save_pretrained(hf)
+    names = load_file(os.path.join(hf, "model.safetensors")).keys()
+    assert any(".mlp.experts.0.gate_proj.weight" in k for k in names), "per-expert save"
+    base = os.path.join(work, name)
+    shutil.rmtree(base, ignore_errors=True)
+    shutil.copytree(hf, base)
+    rf.write_tokenizer(base)
+    # transformers 5 writes `num_local_experts` and `rope_parameters`; mlx-lm 0.32.2 reads
+    # `num_experts` and a top-level `rope_theta` (the conversion source only).
+    c = json.load(open(os.path.join(base, "config.json")))
+    rf.patch_config(base, {"num_experts": c.get("num_experts", c.get("num_local_experts")),
+                           "rope_theta": c["rope_parameters"]["rope_theta"]})
+    rf.strip(hf)
+    rf.expected(hf, ref, tf, {"mtp": False})
+    made.append(hf)
+    for fmt, kw in [("mlx-f32", dict(dtype="float32")),
+                    ("mlx-q4", dict(quantize=True, q_bits=4, q_group_size=32, dtype="float32"))]:
+        d = os.path.join(out, f"{name}-{fmt}")
+        shutil.rmtree(d, ignore_errors=True)
+        convert(base, d, **kw)
+        ids = rf.greedy_mlx(d, rf.PROMPT, rf.MAX_TOKENS)
+        rf.strip(d)
+        rf.expected(d, ids, f"mlx-lm {mlx_lm.__version__} f32", {"mtp": False})
+        print(f"{name}: {fmt} {ids}")
+        made.append(d)
+    return made
+
+
+BUILDERS = {
+    "qwen3_5_moe": build_qwen3_5_moe,
+    "qwen3_moe": lambda out, work, rf: build_llama_moe(
+        "qwen3_moe",
+        lambda: llama_moe("Qwen3MoeForCausalLM", "Qwen3MoeConfig", rf, mlp_only_layers=[0],
+                          norm_topk_prob=False),
+        out, work, rf),
+    "qwen2_moe": lambda out, work, rf: build_llama_moe(
+        "qwen2_moe",
+        lambda: llama_moe("Qwen2MoeForCausalLM", "Qwen2MoeConfig", rf, mlp_only_layers=[], head_dim=16,
+                          shared_expert_intermediate_size=32),
+        out, work, rf),
+}

@@ -390,9 +390,14 @@ impl ModelConfig {
                 format!("`{act}` is not implemented (every supported family uses silu)"),
             ));
         }
-        if raw.sliding_window == Some(0) {
-            return Err(bad("sliding_window", "must be positive or null".into()));
-        }
+        // transformers 5 writes Qwen2-MoE's unused window as 0 beside
+        // `use_sliding_window: false`: no window, not a bad one.
+        let unused = value["use_sliding_window"] == serde_json::Value::Bool(false);
+        let sliding_window = match raw.sliding_window {
+            Some(0) if unused => None,
+            Some(0) => return Err(bad("sliding_window", "must be positive or null".into())),
+            w => w,
+        };
         Ok(ModelConfig {
             architecture: raw.architectures.first().cloned().unwrap_or_default(),
             model_type: raw.model_type,
@@ -424,7 +429,7 @@ impl ModelConfig {
             )?,
             hybrid,
             mlp_bias: raw.mlp_bias,
-            sliding_window: raw.sliding_window,
+            sliding_window,
             raw: value,
         })
     }

@@ -99,6 +99,18 @@ pub const FAMILIES: &[Family] = &[
         build: crate::models::llama::build_qwen2,
     },
     Family {
+        name: "qwen2_moe",
+        architectures: &["Qwen2MoeForCausalLM"],
+        model_types: &["qwen2_moe"],
+        build: crate::models::llama::build_qwen2_moe,
+    },
+    Family {
+        name: "qwen3_moe",
+        architectures: &["Qwen3MoeForCausalLM"],
+        model_types: &["qwen3_moe"],
+        build: crate::models::llama::build_qwen3_moe,
+    },
+    Family {
         name: "qwen3_5",
         architectures: &["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"],
         model_types: &["qwen3_5", "qwen3_5_text"],
@@ -122,16 +134,6 @@ pub const UNSUPPORTED: &[(&str, &str, &str)] = &[
         "Qwen3NextForCausalLM",
         "qwen3_next",
         "mixture-of-experts MLP layers and fused Gated DeltaNet projections",
-    ),
-    (
-        "Qwen3MoeForCausalLM",
-        "qwen3_moe",
-        "mixture-of-experts MLP layers",
-    ),
-    (
-        "Qwen2MoeForCausalLM",
-        "qwen2_moe",
-        "mixture-of-experts MLP layers",
     ),
     (
         "MixtralForCausalLM",

@@ -42,7 +42,8 @@ pub struct MtpHead {
 
 impl MtpHead {
     /// Loads the head of `layout` from `w`, sharing `embed` (`[V, H]`) and,
-    /// unless the layout carries its own, the trunk's `lm_head`.
+    /// unless the layout carries its own, the trunk's `lm_head`; its block's
+    /// `mlp` is a MoE block of `moe` when given.
     #[allow(clippy::too_many_arguments)]
     pub fn load(
         layout: MtpLayout,
@@ -53,9 +54,10 @@ impl MtpHead {
         embed: &Embedding,
         lm_head: &Linear,
         rope: &Rope,
+        moe: Option<&MoeConfig>,
     ) -> Result<MtpHead> {
         let block = |w: &mut Weights, prefix: &str, shift: bool| -> Result<Rc<dyn HeadBlock>> {
-            let b = Layer::load(c, Vars::new(w, prefix), variant, linear)?;
+            let b = Layer::load(c, Vars::new(w, prefix), variant, linear, moe)?;
             let b = if shift { b.with_shifted_norms()? } else { b };
             Ok(Rc::new(b) as Rc<dyn HeadBlock>)
         };

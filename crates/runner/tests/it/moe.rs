@@ -1,5 +1,6 @@
-//! Qwen3.5-MoE on the `fixtures/formats/qwen3_5_moe-*` folders (`cargo xtask
-//! ref-formats`, xtask/train/ref_moe.py): every expert layout loads (the
+//! Qwen3.5-MoE (and Qwen3-MoE, Qwen2-MoE) on the `fixtures/formats/*moe-*`
+//! folders (`cargo xtask ref-formats`, xtask/train/ref_moe.py): every expert
+//! layout loads (the
 //! token-for-token check against transformers and mlx-lm is
 //! `formats.rs`'s); several rows at once equal single steps (the sorted
 //! expert gather); greedy MTP equals plain at every depth; and a 4-bit model's
@@ -54,15 +55,40 @@ fn every_expert_layout_is_present_and_loads() {
         assert_eq!(info.family, "qwen3_5_moe", "{name}");
         assert_eq!(info.mtp_head, mtp, "{name}");
     }
+    // Qwen3-MoE and Qwen2-MoE (no MTP): the same four layouts, one family each.
+    for family in ["qwen3_moe", "qwen2_moe"] {
+        expect(&format!("{family}-hub-f32"), "mlp.experts.gate_up_proj");
+        expect(
+            &format!("{family}-hf-f32"),
+            "mlp.experts.3.down_proj.weight",
+        );
+        expect(
+            &format!("{family}-mlx-q4"),
+            "mlp.switch_mlp.down_proj.scales",
+        );
+        for fmt in ["hub-f32", "hf-f32", "mlx-f32", "mlx-q4"] {
+            let name = format!("{family}-{fmt}");
+            let dir = prepared(&folder(&name));
+            let info = runner::inspect(dir.path()).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(info.family, family, "{name}");
+        }
+    }
 }
 
 /// The prompt forwarded at once (experts gathered for 12 rows, sorted by
 /// expert) gives the hiddens of 12 single steps, within 1e-4 (f32; only
-/// summation order differs), for dense and 4-bit experts.
+/// summation order differs), for dense and 4-bit experts, hybrid and
+/// attention-only trunks.
 #[test]
 fn prompt_at_once_equals_single_steps() {
     let prompt: Vec<u32> = vec![5, 77, 130, 9, 201, 44, 3, 250, 18, 99, 61, 120];
-    for name in ["qwen3_5_moe-hub-f32", "qwen3_5_moe-mlx-q4"] {
+    let names = [
+        "qwen3_5_moe-hub-f32",
+        "qwen3_5_moe-mlx-q4",
+        "qwen3_moe-hf-f32",
+        "qwen2_moe-mlx-q4",
+    ];
+    for name in names {
         let dir = prepared(&folder(name));
         let m = common::load(dir.path());
         let mut caches = m.model.new_caches();

@@ -2,7 +2,7 @@
 //!
 //! | key | meaning | families |
 //! | --- | --- | --- |
-//! | `num_experts` / `n_routed_experts` | routed experts `E` | all |
+//! | `num_experts` / `num_local_experts` / `n_routed_experts` | routed experts `E` | all (transformers 5 writes Qwen2/3-MoE's as `num_local_experts`) |
 //! | `num_experts_per_tok` | experts per token `k` | all |
 //! | `moe_intermediate_size` | one expert's inner width | all |
 //! | `norm_topk_prob` | renormalise the `k` chosen weights | all (default per family) |
@@ -134,10 +134,15 @@ impl MoeConfig {
                     .ok_or_else(|| bad(key, format!("must be a non-negative integer, found {v}"))),
             }
         };
-        let (experts_key, experts) = match (int("num_experts")?, int("n_routed_experts")?) {
-            (Some(n), _) => ("num_experts", n),
-            (None, Some(n)) => ("n_routed_experts", n),
-            (None, None) => return Ok(None),
+        let Some((experts_key, experts)) = ["num_experts", "num_local_experts", "n_routed_experts"]
+            .into_iter()
+            .map(|k| Ok(int(k)?.map(|n| (k, n))))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .next()
+        else {
+            return Ok(None);
         };
         if experts == 0 {
             return Ok(None);
