@@ -243,7 +243,15 @@ impl ModelConfig {
     /// A nested `text_config` and transformers 5 `rope_parameters` are
     /// flattened first (see [`hybrid`]).
     pub(crate) fn from_value(value: serde_json::Value, path: &Path) -> Result<ModelConfig> {
-        let value = hybrid::normalise(value);
+        let mut value = hybrid::normalise(value);
+        // Every layer of a Qwen3.5-MoE model is sparse, so its config has no
+        // dense `intermediate_size`; the expert width stands in for it (the
+        // size checks and any dense layer a family would build read it).
+        if value.get("intermediate_size").is_none()
+            && let Some(moe) = value.get("moe_intermediate_size").cloned()
+        {
+            value["intermediate_size"] = moe;
+        }
         let raw: RawConfig = serde_json::from_value(value.clone()).map_err(|e| Error::Json {
             path: path.to_owned(),
             message: e.to_string(),
@@ -382,9 +390,14 @@ impl ModelConfig {
                 format!("`{act}` is not implemented (every supported family uses silu)"),
             ));
         }
-        if raw.sliding_window == Some(0) {
-            return Err(bad("sliding_window", "must be positive or null".into()));
-        }
+        // transformers 5 writes Qwen2-MoE's unused window as 0 beside
+        // `use_sliding_window: false`: no window, not a bad one.
+        let unused = value["use_sliding_window"] == serde_json::Value::Bool(false);
+        let sliding_window = match raw.sliding_window {
+            Some(0) if unused => None,
+            Some(0) => return Err(bad("sliding_window", "must be positive or null".into())),
+            w => w,
+        };
         Ok(ModelConfig {
             architecture: raw.architectures.first().cloned().unwrap_or_default(),
             model_type: raw.model_type,
@@ -416,7 +429,7 @@ impl ModelConfig {
             )?,
             hybrid,
             mlp_bias: raw.mlp_bias,
-            sliding_window: raw.sliding_window,
+            sliding_window,
             raw: value,
         })
     }

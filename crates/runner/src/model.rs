@@ -99,10 +99,31 @@ pub const FAMILIES: &[Family] = &[
         build: crate::models::llama::build_qwen2,
     },
     Family {
+        name: "qwen2_moe",
+        architectures: &["Qwen2MoeForCausalLM"],
+        model_types: &["qwen2_moe"],
+        build: crate::models::llama::build_qwen2_moe,
+    },
+    Family {
+        name: "qwen3_moe",
+        architectures: &["Qwen3MoeForCausalLM"],
+        model_types: &["qwen3_moe"],
+        build: crate::models::llama::build_qwen3_moe,
+    },
+    Family {
         name: "qwen3_5",
         architectures: &["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"],
         model_types: &["qwen3_5", "qwen3_5_text"],
         build: crate::models::qwen3_5::build_qwen3_5,
+    },
+    Family {
+        name: "qwen3_5_moe",
+        architectures: &[
+            "Qwen3_5MoeForCausalLM",
+            "Qwen3_5MoeForConditionalGeneration",
+        ],
+        model_types: &["qwen3_5_moe", "qwen3_5_moe_text"],
+        build: crate::models::qwen3_5::build_qwen3_5_moe,
     },
 ];
 
@@ -110,29 +131,9 @@ pub const FAMILIES: &[Family] = &[
 /// (`architectures[0]`, `model_type`, what is missing).
 pub const UNSUPPORTED: &[(&str, &str, &str)] = &[
     (
-        "Qwen3_5MoeForConditionalGeneration",
-        "qwen3_5_moe",
-        "mixture-of-experts MLP layers (sparse experts and a shared expert)",
-    ),
-    (
-        "Qwen3_5MoeForCausalLM",
-        "qwen3_5_moe_text",
-        "mixture-of-experts MLP layers (sparse experts and a shared expert)",
-    ),
-    (
         "Qwen3NextForCausalLM",
         "qwen3_next",
         "mixture-of-experts MLP layers and fused Gated DeltaNet projections",
-    ),
-    (
-        "Qwen3MoeForCausalLM",
-        "qwen3_moe",
-        "mixture-of-experts MLP layers",
-    ),
-    (
-        "Qwen2MoeForCausalLM",
-        "qwen2_moe",
-        "mixture-of-experts MLP layers",
     ),
     (
         "MixtralForCausalLM",

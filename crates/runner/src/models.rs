@@ -5,6 +5,7 @@ pub(crate) mod gated_attention;
 pub(crate) mod gated_delta;
 pub mod layers;
 pub mod llama;
+pub mod moe;
 pub mod qwen3_5;
 pub mod rope;
 pub mod sdpa;

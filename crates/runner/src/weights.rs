@@ -156,7 +156,13 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
 ///
 /// Checked once at load rather than per generated token: a damaged weight
 /// would otherwise surface as NaN logits that sampling silently turns into
-/// arbitrary tokens. One reduction per tensor, one host sync per file.
+/// arbitrary tokens. One reduction per tensor, one host read per file.
+///
+/// Each probe makes a temporary the size of its tensor, so the probes are
+/// evaluated in batches of at most 1/32 of the file's float bytes (or one
+/// tensor, when a tensor is larger): the load's peak memory stays within a
+/// few percent of the weights (`tests/it/moe.rs` holds a 4-bit MoE model to
+/// 10%), where evaluating them all at once could double the float bytes.
 fn check_finite(sources: &[(String, Array)], converted: &[Array], dtype: Dtype) -> Result<()> {
     // `x * 0` is 0 for every finite x and NaN for NaN and ±inf, so the sum is
     // finite exactly when every element is.
@@ -173,10 +179,20 @@ fn check_finite(sources: &[(String, Array)], converted: &[Array], dtype: Dtype) 
     if floats.is_empty() {
         return Ok(());
     }
-    let probes = floats
-        .iter()
-        .map(|&i| probe(&converted[i]))
-        .collect::<Result<Vec<_>>>()?;
+    let total: usize = floats.iter().map(|&i| converted[i].nbytes()).sum();
+    let budget = (total / 32).max(1);
+    let mut probes = Vec::with_capacity(floats.len());
+    let (mut batch, mut bytes) = (Vec::new(), 0);
+    for &i in &floats {
+        batch.push(probe(&converted[i])?);
+        bytes += converted[i].nbytes();
+        if bytes >= budget {
+            mlx_tensor::eval(&batch)?;
+            probes.append(&mut batch);
+            bytes = 0;
+        }
+    }
+    probes.append(&mut batch);
     let sums: Vec<f32> = mlx_tensor::ops::stack(&probes, 0)?.to_vec()?;
     let Some(bad) = sums.iter().position(|s| !s.is_finite()) else {
         return Ok(());
@@ -195,6 +211,11 @@ fn check_finite(sources: &[(String, Array)], converted: &[Array], dtype: Dtype) 
             )
         },
     })
+}
+
+/// `matrix` under the leading axes `lead`.
+fn stacked(lead: &[usize], matrix: [i32; 2]) -> Vec<i32> {
+    lead.iter().map(|&d| d as i32).chain(matrix).collect()
 }
 
 /// True for a name that stays inside its folder when joined to it: an index
@@ -510,6 +531,21 @@ impl Weights {
         out: usize,
         input: usize,
     ) -> Result<Option<QuantizedTensor>> {
+        self.take_quantized_stack(module, &[], out, input)
+    }
+
+    /// Like [`Weights::take_quantized`] for a stack of `[out, input]`
+    /// matrices under leading axes `lead` (mixture-of-experts weights
+    /// `[E, out, input]`: codes `[E, out, input · bits / 32]`, scales and
+    /// biases `[E, out, input / group_size]`).
+    // Long: one check per tensor of the triple, each naming the tensor.
+    pub fn take_quantized_stack(
+        &mut self,
+        module: &str,
+        lead: &[usize],
+        out: usize,
+        input: usize,
+    ) -> Result<Option<QuantizedTensor>> {
         let scales_name = format!("{module}.scales");
         if !self.tensors.contains_key(&scales_name) {
             return Ok(None);
@@ -544,7 +580,10 @@ impl Weights {
         };
         let count = self.shapes.len();
         let weight = self
-            .take_stored(&weight_name, &params.packed_shape(out, input))?
+            .take_stored(
+                &weight_name,
+                &stacked(lead, params.packed_shape(out, input)),
+            )?
             .ok_or_else(|| missing(&weight_name, count))?;
         if weight.dtype() != Dtype::Uint32 {
             return Err(Error::TensorDtype {
@@ -555,7 +594,7 @@ impl Weights {
                 ),
             });
         }
-        let groups = params.scales_shape(out, input);
+        let groups = stacked(lead, params.scales_shape(out, input));
         let scales = self
             .take_stored(&scales_name, &groups)?
             .ok_or_else(|| missing(&scales_name, count))?;

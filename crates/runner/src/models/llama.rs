@@ -1,4 +1,5 @@
-//! The Llama family: Llama 2/3, Mistral, Qwen2/2.5 (q/k/v bias), Qwen3 (q/k RMSNorm).
+//! The Llama family: Llama 2/3, Mistral, Qwen2/2.5 (q/k/v bias), Qwen3 (q/k RMSNorm),
+//! and their mixture-of-experts members Qwen2-MoE and Qwen3-MoE (`models/moe.rs`).
 
 use mlx_tensor::Array;
 
@@ -9,6 +10,7 @@ use crate::models::attention::AttentionCore;
 use crate::models::layers::{
     Linear, LinearLayout, Mlp, RmsNorm, embedding, linear, pre_norm_block, rms_norm,
 };
+use crate::models::moe::{FeedForward, MoeBlock, MoeConfig, MoeDefaults, Scoring};
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
 use crate::mtp::{MtpHead, MtpLayout};
@@ -24,6 +26,9 @@ pub struct Variant {
     pub qk_norm: bool,
     /// Which layers attend over a sliding window.
     pub window: WindowRule,
+    /// Mixture-of-experts feed-forward layers, softmax-routed, where the
+    /// config's sparse-layer rules say (Qwen2-MoE, Qwen3-MoE).
+    pub moe: bool,
 }
 
 /// How a member of the family reads `sliding_window` (transformers' rules).
@@ -42,6 +47,7 @@ const LLAMA: Variant = Variant {
     qkv_bias: false,
     qk_norm: false,
     window: WindowRule::Never,
+    moe: false,
 };
 
 /// Builds Llama (`attention_bias` puts a bias on q/k/v/o, `mlp_bias` on the MLP).
@@ -78,6 +84,56 @@ pub fn build_qwen3(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<
     Ok(Box::new(Llama::load(c, w, v, l)?))
 }
 
+/// Builds Qwen2-MoE: Qwen2 with MoE layers and a sigmoid-gated shared expert.
+pub fn build_qwen2_moe(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
+    let v = Variant {
+        qkv_bias: true,
+        window: WindowRule::LayerTypes,
+        moe: true,
+        ..LLAMA
+    };
+    Ok(Box::new(Llama::load(c, w, v, l)?))
+}
+
+/// Builds Qwen3-MoE: Qwen3 with MoE layers (no shared expert).
+pub fn build_qwen3_moe(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
+    let v = Variant {
+        qk_norm: true,
+        window: WindowRule::LayerTypes,
+        moe: true,
+        ..LLAMA
+    };
+    Ok(Box::new(Llama::load(c, w, v, l)?))
+}
+
+/// The MoE config of a MoE member: softmax routing, `norm_topk_prob`
+/// false unless the config says so (transformers' Qwen2/3-MoE default);
+/// an error when the config declares no experts.
+fn moe_config(c: &ModelConfig) -> Result<MoeConfig> {
+    let defaults = MoeDefaults {
+        scoring: Scoring::Softmax,
+        norm_topk_prob: false,
+    };
+    MoeConfig::parse(c, defaults)?.ok_or_else(|| {
+        c.unsupported_key(
+            "num_experts",
+            format!(
+                "model_type `{}` is a mixture-of-experts model but config.json declares no \
+                 experts (num_experts, num_experts_per_tok, moe_intermediate_size)",
+                c.model_type
+            ),
+        )
+    })
+}
+
 /// Refuses the config keys that change this family's computation and are
 /// not implemented; returns each layer's attention window (`None`: full).
 // Long: one refusal per unimplemented config key, then the window rule of each member.
@@ -93,7 +149,8 @@ fn check_config(c: &ModelConfig, v: Variant) -> Result<Vec<Option<usize>>> {
         ));
     }
     for key in ["num_experts", "num_local_experts", "n_routed_experts"] {
-        if raw[key].as_u64().is_some_and(|n| n > 0) {
+        let read = v.moe && key != "n_routed_experts";
+        if !read && raw[key].as_u64().is_some_and(|n| n > 0) {
             return Err(c.unsupported_key(
                 "num_experts",
                 format!(
@@ -197,17 +254,19 @@ pub(crate) struct Layer {
     input_norm: RmsNorm,
     attn: Attention,
     post_norm: RmsNorm,
-    mlp: Mlp,
+    mlp: FeedForward,
 }
 
 impl Layer {
     /// The decoder layer at `vb`: `input_layernorm`, `self_attn.{q,k,v,o}_proj`
-    /// (and `q_norm`/`k_norm`), `post_attention_layernorm`, `mlp.*`.
+    /// (and `q_norm`/`k_norm`), `post_attention_layernorm`, `mlp.*` (a MoE
+    /// block of `moe` when given).
     pub(crate) fn load(
         c: &ModelConfig,
         mut vb: Vars<'_>,
         variant: Variant,
         layout: LinearLayout,
+        moe: Option<&MoeConfig>,
     ) -> Result<Layer> {
         let h = c.hidden_size;
         let d = c.head_dim;
@@ -235,7 +294,18 @@ impl Layer {
             input_norm: rms_norm(vb.pp("input_layernorm"), h, eps)?,
             attn,
             post_norm: rms_norm(vb.pp("post_attention_layernorm"), h, eps)?,
-            mlp: Mlp::new(vb.pp("mlp"), h, c.intermediate_size, c.mlp_bias, layout)?,
+            mlp: match moe {
+                Some(m) => {
+                    FeedForward::Sparse(Box::new(MoeBlock::load(m, vb.pp("mlp"), h, layout)?))
+                }
+                None => FeedForward::Dense(Mlp::new(
+                    vb.pp("mlp"),
+                    h,
+                    c.intermediate_size,
+                    c.mlp_bias,
+                    layout,
+                )?),
+            },
         })
     }
 
@@ -246,7 +316,7 @@ impl Layer {
             &self.input_norm,
             |n| self.attn.forward(n, cache, rope),
             &self.post_norm,
-            &self.mlp,
+            |h| self.mlp.forward(h),
         )
     }
 
@@ -288,13 +358,21 @@ impl Llama {
         layout: LinearLayout,
     ) -> Result<Llama> {
         let windows = check_config(c, variant)?;
+        let moe = variant.moe.then(|| moe_config(c)).transpose()?;
         let h = c.hidden_size;
         let tl = w.layout().clone();
         let mut trunk = w.vars(tl.trunk);
         let embed = embedding(trunk.pp("embed_tokens"), c.vocab_size, h)?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
-            layers.push(Layer::load(c, trunk.pp("layers").pp(i), variant, layout)?);
+            let sparse = moe.as_ref().filter(|m| m.sparse.is_sparse(i));
+            layers.push(Layer::load(
+                c,
+                trunk.pp("layers").pp(i),
+                variant,
+                layout,
+                sparse,
+            )?);
         }
         let norm = rms_norm(trunk.pp("norm"), h, c.rms_norm_eps)?;
         let lm_head = load_lm_head(c, w, &embed, layout)?;
@@ -302,7 +380,15 @@ impl Llama {
         // The head is gated on its tensors, not on the config's announcement.
         let mtp = match MtpLayout::detect(c, |name| w.contains(name)) {
             Some(kind) => Some(MtpHead::load(
-                kind, c, w, variant, layout, &embed, &lm_head, &rope,
+                kind,
+                c,
+                w,
+                variant,
+                layout,
+                &embed,
+                &lm_head,
+                &rope,
+                moe.as_ref(),
             )?),
             None => {
                 note_missing_mtp(c, w);

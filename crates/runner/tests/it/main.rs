@@ -22,6 +22,7 @@ mod hybrid_prefix;
 mod hybrid_rewind;
 mod hybrid_spec;
 mod loading;
+mod moe;
 mod mtp_layouts;
 mod parity;
 mod prefix_chat;
