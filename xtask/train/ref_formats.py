@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from ref_moe_families import DROP, FAMILIES as MOE_FAMILIES
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 VOCAB = 272
@@ -52,6 +54,9 @@ def perturb(model, seed):
                 p.copy_(torch.rand(p.shape, generator=g) * 2.0 - 1.0)
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g))
+            elif p.ndim == 3 and ".experts." in name:
+                # Stacked experts [E, out, in]: each expert is a matrix over `in`.
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
             elif p.ndim >= 2:
                 fan_in = int(np.prod(p.shape[1:]))
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
@@ -225,6 +230,7 @@ FAMILIES = {
               "num_nextn_predict_layers": 1}, mtp_mimo),
     # mlx-lm reads `full_attention_interval` (default 4), transformers `layer_types`: give both.
     "qwen3_5": (qwen3_5, {"text_config": {"full_attention_interval": 2}}, mtp_qwen),
+    **MOE_FAMILIES,
 }
 
 
@@ -247,7 +253,9 @@ def patch_config(folder, patch):
     p = os.path.join(folder, "config.json")
     c = json.load(open(p))
     for k, v in patch.items():
-        if isinstance(v, dict) and isinstance(c.get(k), dict):
+        if v is DROP:
+            c.pop(k, None)
+        elif isinstance(v, dict) and isinstance(c.get(k), dict):
             c[k].update(v)
         else:
             c[k] = v

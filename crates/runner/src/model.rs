@@ -104,6 +104,18 @@ pub const FAMILIES: &[Family] = &[
         model_types: &["qwen3_5", "qwen3_5_text"],
         build: crate::models::qwen3_5::build_qwen3_5,
     },
+    Family {
+        name: "qwen3_next",
+        architectures: &["Qwen3NextForCausalLM"],
+        model_types: &["qwen3_next"],
+        build: crate::models::qwen3_next::build_qwen3_next,
+    },
+    Family {
+        name: "glm4_moe",
+        architectures: &["Glm4MoeForCausalLM"],
+        model_types: &["glm4_moe"],
+        build: crate::models::glm4_moe::build_glm4_moe,
+    },
 ];
 
 /// Architectures recognised but not implemented, with what they need
@@ -120,11 +132,6 @@ pub const UNSUPPORTED: &[(&str, &str, &str)] = &[
         "mixture-of-experts MLP layers (sparse experts and a shared expert)",
     ),
     (
-        "Qwen3NextForCausalLM",
-        "qwen3_next",
-        "mixture-of-experts MLP layers and fused Gated DeltaNet projections",
-    ),
-    (
         "Qwen3MoeForCausalLM",
         "qwen3_moe",
         "mixture-of-experts MLP layers",
@@ -138,11 +145,6 @@ pub const UNSUPPORTED: &[(&str, &str, &str)] = &[
         "MixtralForCausalLM",
         "mixtral",
         "mixture-of-experts MLP layers",
-    ),
-    (
-        "Glm4MoeForCausalLM",
-        "glm4_moe",
-        "mixture-of-experts MLP layers with grouped sigmoid routing",
     ),
     (
         "DeepseekV3ForCausalLM",

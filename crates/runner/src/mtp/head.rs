@@ -1,5 +1,7 @@
 //! [`MtpHead`]: one MTP layer, implementing `mtp_draft::DraftHead`.
 
+use std::rc::Rc;
+
 use kvcache::{Cache, KvCache};
 use mlx_tensor::{Array, ops};
 use mtp_draft::{DraftHead, HeadOutput};
@@ -80,6 +82,25 @@ impl MtpHead {
             )?))
         };
         Self::load_with(MtpLayout::Qwen, c, w, linear, embed, lm_head, rope, block)
+    }
+
+    /// Loads a head of `layout` whose decoder block a family builds itself
+    /// (`load_block(weights, prefix, zero_centred_norms)`), e.g. a MoE layer.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn load_family_block(
+        layout: MtpLayout,
+        c: &ModelConfig,
+        w: &mut Weights,
+        linear: LinearLayout,
+        embed: &Embedding,
+        lm_head: &Linear,
+        rope: &Rope,
+        load_block: impl FnOnce(&mut Weights, &str, bool) -> Result<Rc<dyn MtpBlock>>,
+    ) -> Result<MtpHead> {
+        let block = |w: &mut Weights, prefix: &str, shift: bool| -> Result<Block> {
+            Ok(Block::Family(load_block(w, prefix, shift)?))
+        };
+        Self::load_with(layout, c, w, linear, embed, lm_head, rope, block)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -238,12 +259,23 @@ impl DraftHead for MtpHead {
     }
 }
 
-/// The head's decoder block: the trunk family's dense layer, or Qwen3.5's
-/// gated full-attention layer.
+/// A decoder block a family supplies for its MTP head (Qwen3-Next's and
+/// GLM-4.5's are mixture-of-experts layers).
+pub(crate) trait MtpBlock: std::fmt::Debug {
+    /// The block over `x` `[1, L, H]`, appending its keys and values to `cache`.
+    fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array>;
+    /// The arrays to evaluate at load.
+    fn arrays(&self) -> Vec<Array>;
+}
+
+/// The head's decoder block: the trunk family's dense layer, Qwen3.5's
+/// gated full-attention layer, or one a family supplies.
 #[derive(Debug, Clone)]
 enum Block {
     Dense(Layer),
     Gated(GatedLayer),
+    /// Shared by every per-request copy of the head.
+    Family(Rc<dyn MtpBlock>),
 }
 
 impl Block {
@@ -251,6 +283,7 @@ impl Block {
         match self {
             Block::Dense(b) => b.forward(x, cache, rope),
             Block::Gated(b) => b.forward(x, cache, rope),
+            Block::Family(b) => b.forward(x, cache, rope),
         }
     }
 
@@ -258,6 +291,7 @@ impl Block {
         match self {
             Block::Dense(b) => b.arrays(),
             Block::Gated(b) => b.arrays(),
+            Block::Family(b) => b.arrays(),
         }
     }
 }

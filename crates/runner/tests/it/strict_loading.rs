@@ -152,8 +152,6 @@ fn recognised_but_unimplemented_architectures_say_what_they_need() {
             "qwen3_5_moe",
             "mixture-of-experts",
         ),
-        ("Qwen3NextForCausalLM", "qwen3_next", "mixture-of-experts"),
-        ("Glm4MoeForCausalLM", "glm4_moe", "mixture-of-experts"),
         ("DeepseekV3ForCausalLM", "deepseek_v3", "latent attention"),
         (
             "Glm4MoeLiteForCausalLM",

@@ -1,0 +1,338 @@
+//! Qwen3-Next: the Qwen3.5 hybrid stack (Gated DeltaNet and gated full
+//! attention, zero-centred RMSNorms, partial RoPE) with the DeltaNet's input
+//! projections fused per key-head group (`in_proj_qkvz`, `in_proj_ba`, split
+//! at load), a mixture-of-experts MLP in the sparse layers (softmax router,
+//! sigmoid-gated shared expert) and an `mtp.*` head whose block is a MoE
+//! full-attention layer. Config keys are transformers 4 style
+//! (`full_attention_interval`, top-level `rope_theta`), as the hub checkpoint.
+
+use std::rc::Rc;
+
+use kvcache::{Cache, KvCache, RecurrentCache};
+use mlx_tensor::Array;
+
+use crate::config::{HybridConfig, LayerKind, ModelConfig};
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::models::ffn::{Ffn, ffn_block};
+use crate::models::gated_attention::{GatedAttention, load_norm};
+use crate::models::gated_delta::{GatedDeltaNet, InProj};
+use crate::models::layers::{LinearLayout, Mlp, embedding};
+use crate::models::moe_local::{MoeBlock, MoeConfig, Router, Shared, need};
+use crate::models::qwen3_5::zero_centred_trunk;
+use crate::models::rope::Rope;
+use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
+use crate::mtp::{MtpBlock, MtpHead, MtpLayout};
+use crate::weights::{Vars, Weights};
+
+/// Builds a Qwen3-Next model.
+pub fn build_qwen3_next(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
+    Ok(Box::new(Qwen3Next::load(c, w, l)?))
+}
+
+/// The MoE block config of a Qwen3-Next `config.json`.
+fn moe_config(c: &ModelConfig) -> Result<MoeConfig> {
+    let shared = match c.raw["shared_expert_intermediate_size"].as_u64() {
+        Some(0) | None => None,
+        Some(_) => Some(Shared::Gated {
+            inter: need(c, "shared_expert_intermediate_size")?,
+        }),
+    };
+    MoeConfig {
+        experts: need(c, "num_experts")?,
+        top_k: need(c, "num_experts_per_tok")?,
+        inter: need(c, "moe_intermediate_size")?,
+        // transformers' default (mlx-lm's is false; the hub config says true).
+        norm_topk_prob: c.raw["norm_topk_prob"].as_bool().unwrap_or(true),
+        router: Router::Softmax,
+        shared,
+    }
+    .check(c)
+}
+
+/// Which trunk layers have a MoE MLP: transformers' and mlx-lm's rule, layer
+/// `i` unless it is in `mlp_only_layers`, when `(i + 1)` is a multiple of
+/// `decoder_sparse_step` (1 when absent) and `num_experts > 0`.
+fn sparse_layers(c: &ModelConfig) -> Result<Vec<bool>> {
+    let raw = &c.raw;
+    if raw["num_experts"].as_u64().unwrap_or(0) == 0 {
+        return Ok(vec![false; c.num_hidden_layers]);
+    }
+    let step = match raw["decoder_sparse_step"].as_u64() {
+        None => 1,
+        Some(0) => {
+            return Err(c.unsupported_key("decoder_sparse_step", "must be positive".into()));
+        }
+        Some(s) => s as usize,
+    };
+    let only: Vec<u64> = match &raw["mlp_only_layers"] {
+        serde_json::Value::Null => Vec::new(),
+        v => v
+            .as_array()
+            .and_then(|a| a.iter().map(|x| x.as_u64()).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| {
+                c.unsupported_key(
+                    "mlp_only_layers",
+                    format!("{v} must be a list of layer indices"),
+                )
+            })?,
+    };
+    Ok((0..c.num_hidden_layers)
+        .map(|i| !only.contains(&(i as u64)) && (i + 1).is_multiple_of(step))
+        .collect())
+}
+
+#[derive(Debug, Clone)]
+enum Mixer {
+    Linear(GatedDeltaNet),
+    Full(GatedAttention),
+}
+
+/// One decoder layer: a pre-norm mixer and a pre-norm MLP or MoE block.
+/// Also the MTP head's block (a full-attention MoE layer).
+#[derive(Debug, Clone)]
+struct NextLayer {
+    input_norm: crate::models::layers::RmsNorm,
+    mixer: Mixer,
+    post_norm: crate::models::layers::RmsNorm,
+    ffn: Ffn,
+}
+
+/// What a layer's load needs beyond its prefix.
+#[derive(Debug, Clone, Copy)]
+struct LayerPlan<'a> {
+    kind: LayerKind,
+    moe: Option<&'a MoeConfig>,
+    shift: bool,
+    mlx_conv: bool,
+}
+
+impl NextLayer {
+    fn load(
+        c: &ModelConfig,
+        hybrid: &HybridConfig,
+        mut vb: Vars<'_>,
+        plan: LayerPlan<'_>,
+        layout: LinearLayout,
+    ) -> Result<NextLayer> {
+        let (h, eps, shift) = (c.hidden_size, c.rms_norm_eps, plan.shift);
+        let input_norm = load_norm(vb.pp("input_layernorm"), h, eps, shift)?;
+        let mixer = match plan.kind {
+            LayerKind::Full => {
+                Mixer::Full(GatedAttention::load(c, vb.pp("self_attn"), shift, layout)?)
+            }
+            LayerKind::Linear => Mixer::Linear(GatedDeltaNet::load(
+                c,
+                hybrid,
+                vb.pp("linear_attn"),
+                InProj::Fused,
+                plan.mlx_conv,
+                layout,
+            )?),
+        };
+        let post_norm = load_norm(vb.pp("post_attention_layernorm"), h, eps, shift)?;
+        let ffn = match plan.moe {
+            Some(m) => Ffn::Moe(MoeBlock::load(c, m, vb.pp("mlp"), layout)?),
+            None => Ffn::Dense(Mlp::new(
+                vb.pp("mlp"),
+                h,
+                c.intermediate_size,
+                false,
+                layout,
+            )?),
+        };
+        Ok(NextLayer {
+            input_norm,
+            mixer,
+            post_norm,
+            ffn,
+        })
+    }
+
+    fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
+        ffn_block(
+            x,
+            &self.input_norm,
+            |n| match &self.mixer {
+                Mixer::Full(a) => a.forward(n, cache, rope),
+                Mixer::Linear(m) => m.forward(n, cache),
+            },
+            &self.post_norm,
+            &self.ffn,
+        )
+    }
+
+    fn layer_arrays(&self) -> Vec<Array> {
+        let mut v = match &self.mixer {
+            Mixer::Full(a) => a.arrays(),
+            Mixer::Linear(m) => m.arrays(),
+        };
+        v.extend(self.ffn.arrays());
+        v
+    }
+}
+
+impl MtpBlock for NextLayer {
+    fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
+        NextLayer::forward(self, x, cache, rope)
+    }
+
+    fn arrays(&self) -> Vec<Array> {
+        self.layer_arrays()
+    }
+}
+
+/// A Qwen3-Next hybrid MoE decoder.
+#[derive(Debug)]
+pub struct Qwen3Next {
+    ends: TrunkEnds,
+    layers: Vec<NextLayer>,
+    kinds: Vec<LayerKind>,
+    rope: Rope,
+}
+
+impl Qwen3Next {
+    /// Takes the family's tensors out of `w`, checking every shape against `c`.
+    // Long: reads like the checkpoint: config, trunk, head, MTP, in tensor order.
+    pub fn load(c: &ModelConfig, w: &mut Weights, layout: LinearLayout) -> Result<Qwen3Next> {
+        let hybrid: &HybridConfig = c.hybrid.as_ref().ok_or_else(|| Error::InvalidConfig {
+            path: "config.json".into(),
+            key: "linear_num_key_heads",
+            message: "qwen3_next is a hybrid model but config.json declares no linear-attention \
+                      layers (linear_num_key_heads, full_attention_interval ...)"
+                .into(),
+        })?;
+        let moe = moe_config(c)?;
+        let sparse = sparse_layers(c)?;
+        let h = c.hidden_size;
+        let tl = w.layout().clone();
+        let shift = zero_centred_trunk(hybrid, w, tl.trunk);
+        let mlx_conv = !shift && hybrid.layers.contains(&LayerKind::Linear);
+        let mut trunk = w.vars(tl.trunk);
+        let embed = embedding(trunk.pp("embed_tokens"), c.vocab_size, h)?;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let mut stack = trunk.pp("layers");
+        for (i, kind) in hybrid.layers.iter().enumerate() {
+            let plan = LayerPlan {
+                kind: *kind,
+                moe: sparse[i].then_some(&moe),
+                shift,
+                mlx_conv,
+            };
+            layers.push(NextLayer::load(c, hybrid, stack.pp(i), plan, layout)?);
+        }
+        drop(stack);
+        let norm = load_norm(trunk.pp("norm"), h, c.rms_norm_eps, shift)?;
+        let lm_head = load_lm_head(c, w, &embed, layout)?;
+        // transformers' default for Qwen3-Next when the config leaves it out.
+        let factor = if c.raw["partial_rotary_factor"].is_null() {
+            0.25
+        } else {
+            c.partial_rotary_factor
+        };
+        let rope = Rope::new(
+            (c.head_dim as f32 * factor) as usize,
+            c.rope_theta,
+            &c.rope_scaling,
+        )?;
+        let mtp = match MtpLayout::detect(c, |name| w.contains(name)) {
+            Some(MtpLayout::Qwen) => {
+                let block = |w: &mut Weights, prefix: &str, shift: bool| {
+                    let has_moe = w.contains(&format!("{prefix}.mlp.gate.weight"));
+                    let plan = LayerPlan {
+                        kind: LayerKind::Full,
+                        moe: has_moe.then_some(&moe),
+                        shift,
+                        mlx_conv,
+                    };
+                    let b = NextLayer::load(c, hybrid, Vars::new(w, prefix), plan, layout)?;
+                    Ok(Rc::new(b) as Rc<dyn MtpBlock>)
+                };
+                Some(MtpHead::load_family_block(
+                    MtpLayout::Qwen,
+                    c,
+                    w,
+                    layout,
+                    &embed,
+                    &lm_head,
+                    &rope,
+                    block,
+                )?)
+            }
+            Some(other) => {
+                return Err(c.unsupported_key(
+                    "mtp_num_hidden_layers",
+                    format!(
+                        "the checkpoint's MTP head has the {} layout, which qwen3_next does not \
+                         use (expected `mtp.*`)",
+                        other.name()
+                    ),
+                ));
+            }
+            None => {
+                note_missing_mtp(c, w);
+                None
+            }
+        };
+        let m = Qwen3Next {
+            ends: TrunkEnds {
+                config: c.clone(),
+                embed,
+                norm,
+                lm_head,
+                mtp,
+            },
+            layers,
+            kinds: hybrid.layers.clone(),
+            rope,
+        };
+        if !w.is_dry() {
+            mlx_tensor::eval(&m.arrays())?;
+        }
+        Ok(m)
+    }
+
+    fn arrays(&self) -> Vec<Array> {
+        let mut v = self.ends.arrays();
+        for l in &self.layers {
+            v.extend(l.layer_arrays());
+        }
+        v
+    }
+}
+
+impl Model for Qwen3Next {
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array> {
+        let mut x = self.ends.embed(tokens, caches.len(), self.layers.len())?;
+        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+            x = layer.forward(&x, cache.as_mut(), &self.rope)?;
+        }
+        self.ends.finish(&x)
+    }
+
+    fn unembed(&self, hidden: &Array) -> Result<Array> {
+        self.ends.unembed(hidden)
+    }
+
+    fn new_caches(&self) -> Vec<Box<dyn Cache>> {
+        self.kinds
+            .iter()
+            .map(|k| match k {
+                LayerKind::Linear => Box::new(RecurrentCache::new()) as Box<dyn Cache>,
+                LayerKind::Full => Box::new(KvCache::new()) as Box<dyn Cache>,
+            })
+            .collect()
+    }
+
+    fn config(&self) -> &ModelConfig {
+        &self.ends.config
+    }
+
+    fn mtp_head(&self) -> Option<Box<dyn mtp_draft::DraftHead>> {
+        self.ends.mtp_head()
+    }
+}
