@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
@@ -218,6 +219,18 @@ ArrPtr dequantize(const Arr& w, const Arr& scales, const Arr& biases, int32_t gr
 ArrPtr quantized_matmul(const Arr& x, const Arr& w, const Arr& scales, const Arr& biases, bool transpose,
                         int32_t group_size, int32_t bits) {
   return wrap(mx::quantized_matmul(x.a, w.a, scales.a, biases.a, transpose, group_size, bits, "affine"));
+}
+static std::optional<mx::array> opt(bool has, const Arr& a) {
+  return has ? std::optional<mx::array>(a.a) : std::nullopt;
+}
+ArrPtr gather_mm(const Arr& a, const Arr& b, bool has_lhs, const Arr& lhs, bool has_rhs, const Arr& rhs,
+                 bool sorted) {
+  return wrap(mx::gather_mm(a.a, b.a, opt(has_lhs, lhs), opt(has_rhs, rhs), sorted));
+}
+ArrPtr gather_qmm(const Arr& x, const Arr& w, const Arr& scales, const Arr& biases, bool has_lhs, const Arr& lhs,
+                  bool has_rhs, const Arr& rhs, bool transpose, int32_t group_size, int32_t bits, bool sorted) {
+  return wrap(mx::gather_qmm(x.a, w.a, scales.a, biases.a, opt(has_lhs, lhs), opt(has_rhs, rhs), transpose,
+                             group_size, bits, "affine", std::nullopt, sorted));
 }
 
 ArrPtr reshape(const Arr& a, rust::Slice<const int32_t> shape) { return wrap(mx::reshape(a.a, to_shape(shape))); }

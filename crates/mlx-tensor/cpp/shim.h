@@ -79,6 +79,11 @@ std::unique_ptr<ArrList> quantize(const Arr& w, int32_t group_size, int32_t bits
 ArrPtr dequantize(const Arr& w, const Arr& scales, const Arr& biases, int32_t group_size, int32_t bits);
 ArrPtr quantized_matmul(const Arr& x, const Arr& w, const Arr& scales, const Arr& biases, bool transpose,
                         int32_t group_size, int32_t bits);
+// Gathered (per-expert) matmuls; an index flag `has_*` false means "no indices".
+ArrPtr gather_mm(const Arr& a, const Arr& b, bool has_lhs, const Arr& lhs, bool has_rhs, const Arr& rhs,
+                 bool sorted);
+ArrPtr gather_qmm(const Arr& x, const Arr& w, const Arr& scales, const Arr& biases, bool has_lhs, const Arr& lhs,
+                  bool has_rhs, const Arr& rhs, bool transpose, int32_t group_size, int32_t bits, bool sorted);
 
 // Shape.
 ArrPtr reshape(const Arr& a, rust::Slice<const int32_t> shape);

@@ -70,6 +70,30 @@ pub(crate) mod sys {
             group_size: i32,
             bits: i32,
         ) -> Result<UniquePtr<Arr>>;
+        fn gather_mm(
+            a: &Arr,
+            b: &Arr,
+            has_lhs: bool,
+            lhs: &Arr,
+            has_rhs: bool,
+            rhs: &Arr,
+            sorted: bool,
+        ) -> Result<UniquePtr<Arr>>;
+        #[allow(clippy::too_many_arguments)]
+        fn gather_qmm(
+            x: &Arr,
+            w: &Arr,
+            scales: &Arr,
+            biases: &Arr,
+            has_lhs: bool,
+            lhs: &Arr,
+            has_rhs: bool,
+            rhs: &Arr,
+            transpose: bool,
+            group_size: i32,
+            bits: i32,
+            sorted: bool,
+        ) -> Result<UniquePtr<Arr>>;
 
         fn reshape(a: &Arr, shape: &[i32]) -> Result<UniquePtr<Arr>>;
         fn transpose(a: &Arr, axes: &[i32]) -> Result<UniquePtr<Arr>>;

@@ -462,3 +462,78 @@ pub fn quantized_matmul(
     ))
     .map(Array::wrap)
 }
+
+/// A batched matmul whose operands are gathered first: `a[lhs] @ b[rhs]`
+/// over the batch axes (MLX `gather_mm`).
+///
+/// `a` is `[..., M, K]` and `b` `[..., K, N]`; `lhs_indices` index `a`'s
+/// batch and `rhs_indices` `b`'s (absent means the plain batch, broadcast
+/// with the other side's indices). The mixture-of-experts use: `a` the token
+/// rows `[L, 1, 1, K]`, `b` the stacked expert weights `[E, K, N]`,
+/// `rhs_indices` the chosen experts `[L, k]` → `[L, k, 1, N]`. `sorted`
+/// promises that `rhs_indices` are sorted ascending (flattened), which lets
+/// MLX run each expert's rows as one matmul.
+#[track_caller]
+pub fn gather_mm(
+    a: &Array,
+    b: &Array,
+    lhs_indices: Option<&Array>,
+    rhs_indices: Option<&Array>,
+    sorted: bool,
+) -> Result<Array> {
+    check(sys::gather_mm(
+        a.raw(),
+        b.raw(),
+        lhs_indices.is_some(),
+        lhs_indices.unwrap_or(a).raw(),
+        rhs_indices.is_some(),
+        rhs_indices.unwrap_or(a).raw(),
+        sorted,
+    ))
+    .map(Array::wrap)
+}
+
+/// Affine-quantized stacked weights for [`gather_qmm`]: `w` packed
+/// `[E, out, in · bits / 32]`, `scales` and `biases` `[E, out, in / group_size]`
+/// (with `transpose`; MLX's layout of a quantized `[E, out, in]` stack).
+#[derive(Debug, Clone, Copy)]
+pub struct QuantizedStack<'a> {
+    /// Packed uint32 codes.
+    pub w: &'a Array,
+    /// Per-group scales.
+    pub scales: &'a Array,
+    /// Per-group biases.
+    pub biases: &'a Array,
+    /// Inputs per group.
+    pub group_size: i32,
+    /// Bits per code.
+    pub bits: i32,
+}
+
+/// [`gather_mm`] over affine-quantized `b`: `x[lhs] @ dequantize(w[rhs]).T`
+/// (or without the transpose) without dequantizing (MLX `gather_qmm`).
+#[track_caller]
+pub fn gather_qmm(
+    x: &Array,
+    w: QuantizedStack<'_>,
+    lhs_indices: Option<&Array>,
+    rhs_indices: Option<&Array>,
+    transpose: bool,
+    sorted: bool,
+) -> Result<Array> {
+    check(sys::gather_qmm(
+        x.raw(),
+        w.w.raw(),
+        w.scales.raw(),
+        w.biases.raw(),
+        lhs_indices.is_some(),
+        lhs_indices.unwrap_or(x).raw(),
+        rhs_indices.is_some(),
+        rhs_indices.unwrap_or(x).raw(),
+        transpose,
+        w.group_size,
+        w.bits,
+        sorted,
+    ))
+    .map(Array::wrap)
+}

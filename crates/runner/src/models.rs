@@ -1,13 +1,12 @@
 //! Model families and their shared layers.
 
 pub(crate) mod attention;
-pub(crate) mod ffn;
 pub(crate) mod gated_attention;
 pub(crate) mod gated_delta;
 pub mod glm4_moe;
 pub mod layers;
 pub mod llama;
-pub(crate) mod moe_local;
+pub mod moe;
 pub mod qwen3_5;
 pub mod qwen3_next;
 pub mod rope;

@@ -197,6 +197,11 @@ fn check_finite(sources: &[(String, Array)], converted: &[Array], dtype: Dtype) 
     })
 }
 
+/// `matrix` under the leading axes `lead`.
+fn stacked(lead: &[usize], matrix: [i32; 2]) -> Vec<i32> {
+    lead.iter().map(|&d| d as i32).chain(matrix).collect()
+}
+
 /// True for a name that stays inside its folder when joined to it: an index
 /// from the outside world must not make the loader read other files.
 fn is_plain_file_name(name: &str) -> bool {
@@ -510,6 +515,21 @@ impl Weights {
         out: usize,
         input: usize,
     ) -> Result<Option<QuantizedTensor>> {
+        self.take_quantized_stack(module, &[], out, input)
+    }
+
+    /// Like [`Weights::take_quantized`] for a stack of `[out, input]`
+    /// matrices under leading axes `lead` (mixture-of-experts weights
+    /// `[E, out, input]`: codes `[E, out, input · bits / 32]`, scales and
+    /// biases `[E, out, input / group_size]`).
+    // Long: one check per tensor of the triple, each naming the tensor.
+    pub fn take_quantized_stack(
+        &mut self,
+        module: &str,
+        lead: &[usize],
+        out: usize,
+        input: usize,
+    ) -> Result<Option<QuantizedTensor>> {
         let scales_name = format!("{module}.scales");
         if !self.tensors.contains_key(&scales_name) {
             return Ok(None);
@@ -544,7 +564,10 @@ impl Weights {
         };
         let count = self.shapes.len();
         let weight = self
-            .take_stored(&weight_name, &params.packed_shape(out, input))?
+            .take_stored(
+                &weight_name,
+                &stacked(lead, params.packed_shape(out, input)),
+            )?
             .ok_or_else(|| missing(&weight_name, count))?;
         if weight.dtype() != Dtype::Uint32 {
             return Err(Error::TensorDtype {
@@ -555,7 +578,7 @@ impl Weights {
                 ),
             });
         }
-        let groups = params.scales_shape(out, input);
+        let groups = stacked(lead, params.scales_shape(out, input));
         let scales = self
             .take_stored(&scales_name, &groups)?
             .ok_or_else(|| missing(&scales_name, count))?;

@@ -7,6 +7,7 @@ mod dtype;
 mod errors;
 mod eval;
 mod fast;
+mod gather;
 mod io;
 mod memory;
 mod ops_elementwise;

@@ -17,9 +17,8 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::model::Model;
 use crate::models::attention::AttentionCore;
-use crate::models::ffn::{Ffn, ffn_block};
 use crate::models::layers::{Linear, LinearLayout, Mlp, RmsNorm, embedding, linear, rms_norm};
-use crate::models::moe_local::{MoeBlock, MoeConfig, Router, Shared, need};
+use crate::models::moe::{FeedForward, MoeBlock, MoeConfig, MoeDefaults, Scoring};
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
 use crate::mtp::{MtpBlock, MtpHead, MtpLayout};
@@ -31,8 +30,9 @@ pub fn build_glm4_moe(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Resu
 }
 
 /// The MoE block config of a GLM-4.5 `config.json`, refusing the router
-/// variants that are not implemented.
-fn moe_config(c: &ModelConfig) -> Result<MoeConfig> {
+/// variants that are not implemented; transformers' defaults where keys are
+/// absent (`first_k_dense_replace` 1, `norm_topk_prob` true).
+fn moe_config(c: &ModelConfig) -> Result<Option<MoeConfig>> {
     let raw = &c.raw;
     for (key, want) in [("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")] {
         if let Some(v) = raw[key].as_str()
@@ -44,39 +44,21 @@ fn moe_config(c: &ModelConfig) -> Result<MoeConfig> {
             ));
         }
     }
-    let inter = need(c, "moe_intermediate_size")?;
-    let shared = match raw["n_shared_experts"].as_u64() {
-        Some(0) | None => None,
-        Some(n) => Some(Shared::Plain {
-            inter: inter * n as usize,
-        }),
-    };
-    let scaling = raw["routed_scaling_factor"].as_f64().unwrap_or(1.0) as f32;
-    if !(scaling.is_finite() && scaling > 0.0) {
-        return Err(c.unsupported_key(
-            "routed_scaling_factor",
-            format!("{scaling} must be a positive finite number"),
-        ));
-    }
-    let group = |key: &'static str| -> Result<usize> {
-        match raw[key] {
-            serde_json::Value::Null => Ok(1),
-            _ => need(c, key),
-        }
-    };
-    MoeConfig {
-        experts: need(c, "n_routed_experts")?,
-        top_k: need(c, "num_experts_per_tok")?,
-        inter,
-        norm_topk_prob: raw["norm_topk_prob"].as_bool().unwrap_or(true),
-        router: Router::GroupedSigmoid {
-            n_group: group("n_group")?,
-            topk_group: group("topk_group")?,
-            scaling,
+    let defaults = MoeDefaults {
+        scoring: Scoring::GroupedSigmoid {
+            n_group: 1,
+            topk_group: 1,
+            routed_scaling_factor: 1.0,
         },
-        shared,
+        norm_topk_prob: true,
+    };
+    let mut moe = MoeConfig::parse(c, defaults)?;
+    if let Some(m) = &mut moe
+        && raw["first_k_dense_replace"].is_null()
+    {
+        m.sparse.first_dense = 1;
     }
-    .check(c)
+    Ok(moe)
 }
 
 /// GQA attention with biased q/k/v and an unbiased output projection.
@@ -133,7 +115,7 @@ struct GlmLayer {
     input_norm: RmsNorm,
     attn: Attention,
     post_norm: RmsNorm,
-    ffn: Ffn,
+    ffn: FeedForward,
 }
 
 impl GlmLayer {
@@ -148,8 +130,8 @@ impl GlmLayer {
         let attn = Attention::load(c, vb.pp("self_attn"), layout)?;
         let post_norm = rms_norm(vb.pp("post_attention_layernorm"), h, eps)?;
         let ffn = match moe {
-            Some(m) => Ffn::Moe(MoeBlock::load(c, m, vb.pp("mlp"), layout)?),
-            None => Ffn::Dense(Mlp::new(
+            Some(m) => FeedForward::Sparse(Box::new(MoeBlock::load(m, vb.pp("mlp"), h, layout)?)),
+            None => FeedForward::Dense(Mlp::new(
                 vb.pp("mlp"),
                 h,
                 c.intermediate_size,
@@ -166,13 +148,12 @@ impl GlmLayer {
     }
 
     fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
-        ffn_block(
-            x,
-            &self.input_norm,
-            |n| self.attn.forward(n, cache, rope),
-            &self.post_norm,
-            &self.ffn,
-        )
+        let h = x.add(
+            &self
+                .attn
+                .forward(&self.input_norm.forward(x)?, cache, rope)?,
+        )?;
+        Ok(h.add(&self.ffn.forward(&self.post_norm.forward(&h)?)?)?)
     }
 
     fn layer_arrays(&self) -> Vec<Array> {
@@ -205,7 +186,6 @@ impl Glm4Moe {
     // Long: reads like the checkpoint: config, trunk, head, MTP, in tensor order.
     pub fn load(c: &ModelConfig, w: &mut Weights, layout: LinearLayout) -> Result<Glm4Moe> {
         let moe = moe_config(c)?;
-        let dense = c.raw["first_k_dense_replace"].as_u64().unwrap_or(1) as usize;
         let h = c.hidden_size;
         let tl = w.layout().clone();
         let mut trunk = w.vars(tl.trunk);
@@ -213,7 +193,7 @@ impl Glm4Moe {
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         let mut stack = trunk.pp("layers");
         for i in 0..c.num_hidden_layers {
-            let m = (i >= dense).then_some(&moe);
+            let m = moe.as_ref().filter(|m| m.sparse.is_sparse(i));
             layers.push(GlmLayer::load(c, stack.pp(i), m, layout)?);
         }
         drop(stack);
@@ -234,8 +214,12 @@ impl Glm4Moe {
             Some(MtpLayout::DeepSeek) => {
                 let block = |w: &mut Weights, prefix: &str, _shift: bool| {
                     let has_moe = w.contains(&format!("{prefix}.mlp.gate.weight"));
-                    let b =
-                        GlmLayer::load(c, Vars::new(w, prefix), has_moe.then_some(&moe), layout)?;
+                    let b = GlmLayer::load(
+                        c,
+                        Vars::new(w, prefix),
+                        moe.as_ref().filter(|_| has_moe),
+                        layout,
+                    )?;
                     Ok(Rc::new(b) as Rc<dyn MtpBlock>)
                 };
                 Some(MtpHead::load_family_block(

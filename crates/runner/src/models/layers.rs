@@ -344,11 +344,6 @@ impl Mlp {
         })
     }
 
-    /// From its three projections.
-    pub(crate) fn from_parts(gate: Linear, up: Linear, down: Linear) -> Mlp {
-        Mlp { gate, up, down }
-    }
-
     /// Takes `{prefix}.{gate,up,down}_proj.weight`.
     pub fn load(
         w: &mut Weights,

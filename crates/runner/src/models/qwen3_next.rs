@@ -14,11 +14,10 @@ use mlx_tensor::Array;
 use crate::config::{HybridConfig, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::model::Model;
-use crate::models::ffn::{Ffn, ffn_block};
 use crate::models::gated_attention::{GatedAttention, load_norm};
 use crate::models::gated_delta::{GatedDeltaNet, InProj};
-use crate::models::layers::{LinearLayout, Mlp, embedding};
-use crate::models::moe_local::{MoeBlock, MoeConfig, Router, Shared, need};
+use crate::models::layers::{LinearLayout, Mlp, RmsNorm, embedding};
+use crate::models::moe::{FeedForward, MoeBlock, MoeConfig, MoeDefaults, Scoring};
 use crate::models::qwen3_5::zero_centred_trunk;
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
@@ -34,58 +33,6 @@ pub fn build_qwen3_next(
     Ok(Box::new(Qwen3Next::load(c, w, l)?))
 }
 
-/// The MoE block config of a Qwen3-Next `config.json`.
-fn moe_config(c: &ModelConfig) -> Result<MoeConfig> {
-    let shared = match c.raw["shared_expert_intermediate_size"].as_u64() {
-        Some(0) | None => None,
-        Some(_) => Some(Shared::Gated {
-            inter: need(c, "shared_expert_intermediate_size")?,
-        }),
-    };
-    MoeConfig {
-        experts: need(c, "num_experts")?,
-        top_k: need(c, "num_experts_per_tok")?,
-        inter: need(c, "moe_intermediate_size")?,
-        // transformers' default (mlx-lm's is false; the hub config says true).
-        norm_topk_prob: c.raw["norm_topk_prob"].as_bool().unwrap_or(true),
-        router: Router::Softmax,
-        shared,
-    }
-    .check(c)
-}
-
-/// Which trunk layers have a MoE MLP: transformers' and mlx-lm's rule, layer
-/// `i` unless it is in `mlp_only_layers`, when `(i + 1)` is a multiple of
-/// `decoder_sparse_step` (1 when absent) and `num_experts > 0`.
-fn sparse_layers(c: &ModelConfig) -> Result<Vec<bool>> {
-    let raw = &c.raw;
-    if raw["num_experts"].as_u64().unwrap_or(0) == 0 {
-        return Ok(vec![false; c.num_hidden_layers]);
-    }
-    let step = match raw["decoder_sparse_step"].as_u64() {
-        None => 1,
-        Some(0) => {
-            return Err(c.unsupported_key("decoder_sparse_step", "must be positive".into()));
-        }
-        Some(s) => s as usize,
-    };
-    let only: Vec<u64> = match &raw["mlp_only_layers"] {
-        serde_json::Value::Null => Vec::new(),
-        v => v
-            .as_array()
-            .and_then(|a| a.iter().map(|x| x.as_u64()).collect::<Option<Vec<_>>>())
-            .ok_or_else(|| {
-                c.unsupported_key(
-                    "mlp_only_layers",
-                    format!("{v} must be a list of layer indices"),
-                )
-            })?,
-    };
-    Ok((0..c.num_hidden_layers)
-        .map(|i| !only.contains(&(i as u64)) && (i + 1).is_multiple_of(step))
-        .collect())
-}
-
 #[derive(Debug, Clone)]
 enum Mixer {
     Linear(GatedDeltaNet),
@@ -96,16 +43,17 @@ enum Mixer {
 /// Also the MTP head's block (a full-attention MoE layer).
 #[derive(Debug, Clone)]
 struct NextLayer {
-    input_norm: crate::models::layers::RmsNorm,
+    input_norm: RmsNorm,
     mixer: Mixer,
-    post_norm: crate::models::layers::RmsNorm,
-    ffn: Ffn,
+    post_norm: RmsNorm,
+    ffn: FeedForward,
 }
 
 /// What a layer's load needs beyond its prefix.
 #[derive(Debug, Clone, Copy)]
 struct LayerPlan<'a> {
     kind: LayerKind,
+    /// The MoE config when this layer's MLP is sparse.
     moe: Option<&'a MoeConfig>,
     shift: bool,
     mlx_conv: bool,
@@ -136,8 +84,8 @@ impl NextLayer {
         };
         let post_norm = load_norm(vb.pp("post_attention_layernorm"), h, eps, shift)?;
         let ffn = match plan.moe {
-            Some(m) => Ffn::Moe(MoeBlock::load(c, m, vb.pp("mlp"), layout)?),
-            None => Ffn::Dense(Mlp::new(
+            Some(m) => FeedForward::Sparse(Box::new(MoeBlock::load(m, vb.pp("mlp"), h, layout)?)),
+            None => FeedForward::Dense(Mlp::new(
                 vb.pp("mlp"),
                 h,
                 c.intermediate_size,
@@ -154,16 +102,13 @@ impl NextLayer {
     }
 
     fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
-        ffn_block(
-            x,
-            &self.input_norm,
-            |n| match &self.mixer {
-                Mixer::Full(a) => a.forward(n, cache, rope),
-                Mixer::Linear(m) => m.forward(n, cache),
-            },
-            &self.post_norm,
-            &self.ffn,
-        )
+        let n = self.input_norm.forward(x)?;
+        let mixed = match &self.mixer {
+            Mixer::Full(a) => a.forward(&n, cache, rope)?,
+            Mixer::Linear(m) => m.forward(&n, cache)?,
+        };
+        let h = x.add(&mixed)?;
+        Ok(h.add(&self.ffn.forward(&self.post_norm.forward(&h)?)?)?)
     }
 
     fn layer_arrays(&self) -> Vec<Array> {
@@ -206,8 +151,13 @@ impl Qwen3Next {
                       layers (linear_num_key_heads, full_attention_interval ...)"
                 .into(),
         })?;
-        let moe = moe_config(c)?;
-        let sparse = sparse_layers(c)?;
+        let moe = MoeConfig::parse(
+            c,
+            MoeDefaults {
+                scoring: Scoring::Softmax,
+                norm_topk_prob: true,
+            },
+        )?;
         let h = c.hidden_size;
         let tl = w.layout().clone();
         let shift = zero_centred_trunk(hybrid, w, tl.trunk);
@@ -219,7 +169,7 @@ impl Qwen3Next {
         for (i, kind) in hybrid.layers.iter().enumerate() {
             let plan = LayerPlan {
                 kind: *kind,
-                moe: sparse[i].then_some(&moe),
+                moe: moe.as_ref().filter(|m| m.sparse.is_sparse(i)),
                 shift,
                 mlx_conv,
             };
@@ -245,7 +195,7 @@ impl Qwen3Next {
                     let has_moe = w.contains(&format!("{prefix}.mlp.gate.weight"));
                     let plan = LayerPlan {
                         kind: LayerKind::Full,
-                        moe: has_moe.then_some(&moe),
+                        moe: moe.as_ref().filter(|_| has_moe),
                         shift,
                         mlx_conv,
                     };

@@ -75,6 +75,16 @@ impl<'w> Vars<'w> {
         self.w.take_quantized(&self.prefix, out, input)
     }
 
+    /// Takes this module's quantized `[lead.., out, input]` stack; `None` when it is stored dense.
+    pub fn take_quantized_stack(
+        &mut self,
+        lead: &[usize],
+        out: usize,
+        input: usize,
+    ) -> Result<Option<QuantizedTensor>> {
+        self.w.take_quantized_stack(&self.prefix, lead, out, input)
+    }
+
     /// The compute dtype.
     pub fn dtype(&self) -> Dtype {
         self.w.dtype()
