@@ -11,7 +11,8 @@ layouts, in f32 on the stored weights) or by mlx-lm (converted layouts, in f32);
 
 MTP heads: transformers drops `mtp.*` and `model.mtp_layers.*` on load, so the hub folders of
 Qwen3.5 and MiMo get random MTP tensors under their real names after saving (the reference is
-unaffected); mlx-lm removes them on conversion, as it does for real checkpoints.
+unaffected); mlx-lm removes them on conversion, as it does for real checkpoints. The MoE MTP
+families (Qwen3-Next, GLM-4.5) are built in ref_moe_families.py and added to FAMILIES here.
 
 Usage: ref_formats.py [--out crates/runner/tests/fixtures/formats] [--only NAME]
 """

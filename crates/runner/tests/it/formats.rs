@@ -32,7 +32,7 @@ fn fixtures() -> Vec<PathBuf> {
 
 /// A copy of the fixture folder with the test tokenizer added (the
 /// fixtures store only config, weights and expectations).
-fn prepared(src: &Path) -> tempfile::TempDir {
+pub(super) fn prepared(src: &Path) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for e in std::fs::read_dir(src).unwrap() {
         let p = e.unwrap().path();

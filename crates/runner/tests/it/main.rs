@@ -22,6 +22,7 @@ mod hybrid_prefix;
 mod hybrid_rewind;
 mod hybrid_spec;
 mod loading;
+mod moe_families;
 mod mtp_layouts;
 mod parity;
 mod prefix_chat;
