@@ -14,9 +14,14 @@ Qwen3.5 and MiMo get random MTP tensors under their real names after saving (the
 unaffected); mlx-lm removes them on conversion, as it does for real checkpoints. The MoE MTP
 families (Qwen3-Next, GLM-4.5) are built in ref_moe_families.py and added to FAMILIES here.
 
+Mixture-of-experts families are built by `ref_moe.py` (Qwen3.5-MoE) and, when present,
+`ref_moe_families.py`: each exports `BUILDERS`, name -> `build(out, work, rf)` with this module as `rf`.
+
 Usage: ref_formats.py [--out crates/runner/tests/fixtures/formats] [--only NAME]
 """
 import argparse
+import importlib
+import importlib.util
 import json
 import math
 import os
@@ -333,6 +338,16 @@ def build(name, out, work):
     return made
 
 
+def moe_builders():
+    """`BUILDERS` of ref_moe.py and, when that file exists, ref_moe_families.py."""
+    sys.path.insert(0, HERE)
+    out = {}
+    for module in ["ref_moe", "ref_moe_families"]:
+        if importlib.util.find_spec(module) is not None:
+            out.update(importlib.import_module(module).BUILDERS)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "crates/runner/tests/fixtures/formats"))
@@ -340,9 +355,13 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.set_num_threads(1)
+    moe = moe_builders()
     with tempfile.TemporaryDirectory() as work:
-        for name in a.only or FAMILIES:
-            build(name, a.out, work)
+        for name in a.only or [*FAMILIES, *moe]:
+            if name in moe:
+                moe[name](a.out, work, sys.modules[__name__])
+            else:
+                build(name, a.out, work)
     total = sum(os.path.getsize(os.path.join(dp, f))
                 for dp, _, fs in os.walk(a.out) for f in fs)
     print(f"wrote {a.out}: {total / 1e6:.2f} MB")

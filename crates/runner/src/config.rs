@@ -243,7 +243,15 @@ impl ModelConfig {
     /// A nested `text_config` and transformers 5 `rope_parameters` are
     /// flattened first (see [`hybrid`]).
     pub(crate) fn from_value(value: serde_json::Value, path: &Path) -> Result<ModelConfig> {
-        let value = hybrid::normalise(value);
+        let mut value = hybrid::normalise(value);
+        // Every layer of a Qwen3.5-MoE model is sparse, so its config has no
+        // dense `intermediate_size`; the expert width stands in for it (the
+        // size checks and any dense layer a family would build read it).
+        if value.get("intermediate_size").is_none()
+            && let Some(moe) = value.get("moe_intermediate_size").cloned()
+        {
+            value["intermediate_size"] = moe;
+        }
         let raw: RawConfig = serde_json::from_value(value.clone()).map_err(|e| Error::Json {
             path: path.to_owned(),
             message: e.to_string(),

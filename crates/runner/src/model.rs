@@ -116,21 +116,20 @@ pub const FAMILIES: &[Family] = &[
         model_types: &["glm4_moe"],
         build: crate::models::glm4_moe::build_glm4_moe,
     },
+    Family {
+        name: "qwen3_5_moe",
+        architectures: &[
+            "Qwen3_5MoeForCausalLM",
+            "Qwen3_5MoeForConditionalGeneration",
+        ],
+        model_types: &["qwen3_5_moe", "qwen3_5_moe_text"],
+        build: crate::models::qwen3_5::build_qwen3_5_moe,
+    },
 ];
 
 /// Architectures recognised but not implemented, with what they need
 /// (`architectures[0]`, `model_type`, what is missing).
 pub const UNSUPPORTED: &[(&str, &str, &str)] = &[
-    (
-        "Qwen3_5MoeForConditionalGeneration",
-        "qwen3_5_moe",
-        "mixture-of-experts MLP layers (sparse experts and a shared expert)",
-    ),
-    (
-        "Qwen3_5MoeForCausalLM",
-        "qwen3_5_moe_text",
-        "mixture-of-experts MLP layers (sparse experts and a shared expert)",
-    ),
     (
         "Qwen3MoeForCausalLM",
         "qwen3_moe",

@@ -9,14 +9,14 @@
 //! | DeepSeek-V3 / GLM-4.5 | `model.layers.{N}.eh_proj.weight`, N = `num_hidden_layers` | `[enorm(e), hnorm(h)]` → `eh_proj` | `shared_head.norm` before `shared_head.head` (or the main head) |
 //! | MiMo | `model.mtp_layers.0.input_proj.weight` | `[hidden_layernorm(h), token_layernorm(e)]` → `input_proj` | `final_layernorm` inside the layer |
 //!
-//! The head's block is the trunk family's decoder layer (attention with its
-//! own KV cache, and the family's MLP: SwiGLU, or a mixture-of-experts block
-//! for Qwen3-Next and GLM-4.5 through [`MtpBlock`]). DeepSeek's MLA is not
+//! The head's block is the trunk family's decoder layer behind the small
+//! `head::HeadBlock` trait (attention with its own KV cache, then a SwiGLU MLP
+//! or a mixture-of-experts block: Qwen3.5-MoE, Qwen3-Next, GLM-4.5). DeepSeek's MLA is not
 //! implemented.
 
 mod head;
 mod layout;
 
-pub(crate) use head::MtpBlock;
+pub(crate) use head::HeadBlock;
 pub use head::MtpHead;
 pub use layout::{MtpLayout, zero_centred_norms};

@@ -247,8 +247,8 @@ fn info_reports_layouts_and_refuses_unsupported_architectures() {
     let cfg = dir.path().join("config.json");
     let mut v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
-    v["architectures"] = serde_json::json!(["Qwen3_5MoeForConditionalGeneration"]);
-    v["model_type"] = serde_json::json!("qwen3_5_moe");
+    v["architectures"] = serde_json::json!(["MixtralForCausalLM"]);
+    v["model_type"] = serde_json::json!("mixtral");
     v.as_object_mut().unwrap().remove("intermediate_size");
     std::fs::write(&cfg, v.to_string()).unwrap();
     for cmd in [
@@ -259,7 +259,7 @@ fn info_reports_layouts_and_refuses_unsupported_architectures() {
             &cmd,
             2,
             &[
-                "Qwen3_5MoeForConditionalGeneration",
+                "MixtralForCausalLM",
                 "not supported yet",
                 "mixture-of-experts",
             ],

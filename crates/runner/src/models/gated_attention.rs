@@ -8,7 +8,8 @@ use mlx_tensor::Array;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::models::attention::AttentionCore;
-use crate::models::layers::{Linear, LinearLayout, Mlp, RmsNorm, linear, pre_norm_block, rms_norm};
+use crate::models::layers::{Linear, LinearLayout, RmsNorm, linear, pre_norm_block, rms_norm};
+use crate::models::moe::{FeedForward, MoeConfig};
 use crate::models::rope::Rope;
 use crate::weights::Vars;
 
@@ -73,15 +74,15 @@ impl GatedAttention {
     }
 }
 
-/// A full-attention decoder block: pre-norm gated attention and pre-norm
-/// SwiGLU, each with a residual. Its RMSNorms are loaded already shifted
+/// A full-attention decoder block: pre-norm gated attention and a pre-norm
+/// feed-forward (SwiGLU or mixture-of-experts), each with a residual. Its RMSNorms are loaded already shifted
 /// when the checkpoint stores them zero-centred.
 #[derive(Debug, Clone)]
 pub(crate) struct GatedLayer {
     input_norm: RmsNorm,
     attn: GatedAttention,
     post_norm: RmsNorm,
-    mlp: Mlp,
+    mlp: FeedForward,
 }
 
 /// The RMSNorm at `vb` (`weight` `[dim]`), adding 1 when `shift`
@@ -93,12 +94,14 @@ pub(crate) fn load_norm(vb: Vars<'_>, dim: usize, eps: f32, shift: bool) -> Resu
 
 impl GatedLayer {
     /// The full-attention layer at `vb`: `input_layernorm`, `self_attn.*`
-    /// (query+gate `q_proj`, `q_norm`, `k_norm`), `post_attention_layernorm`, `mlp.*`.
+    /// (query+gate `q_proj`, `q_norm`, `k_norm`), `post_attention_layernorm`,
+    /// `mlp.*` (a MoE block when `moe` is given, else a dense MLP).
     pub(crate) fn load(
         c: &ModelConfig,
         mut vb: Vars<'_>,
         shift: bool,
         layout: LinearLayout,
+        moe: Option<&MoeConfig>,
     ) -> Result<GatedLayer> {
         let h = c.hidden_size;
         let eps = c.rms_norm_eps;
@@ -107,7 +110,7 @@ impl GatedLayer {
             input_norm: load_norm(vb.pp("input_layernorm"), h, eps, shift)?,
             attn,
             post_norm: load_norm(vb.pp("post_attention_layernorm"), h, eps, shift)?,
-            mlp: Mlp::new(vb.pp("mlp"), h, c.intermediate_size, false, layout)?,
+            mlp: FeedForward::load(moe, vb.pp("mlp"), h, c.intermediate_size, layout)?,
         })
     }
 
@@ -118,7 +121,7 @@ impl GatedLayer {
             &self.input_norm,
             |n| self.attn.forward(n, cache, rope),
             &self.post_norm,
-            &self.mlp,
+            |h| self.mlp.forward(h),
         )
     }
 

@@ -17,11 +17,13 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::model::Model;
 use crate::models::attention::AttentionCore;
-use crate::models::layers::{Linear, LinearLayout, Mlp, RmsNorm, embedding, linear, rms_norm};
-use crate::models::moe::{FeedForward, MoeBlock, MoeConfig, MoeDefaults, Scoring};
+use crate::models::layers::{
+    Linear, LinearLayout, RmsNorm, embedding, linear, pre_norm_block, rms_norm,
+};
+use crate::models::moe::{FeedForward, MoeConfig, MoeDefaults, Scoring};
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
-use crate::mtp::{MtpBlock, MtpHead, MtpLayout};
+use crate::mtp::{HeadBlock, MtpHead, MtpLayout};
 use crate::weights::{Vars, Weights};
 
 /// Builds a GLM-4.5 model.
@@ -129,16 +131,7 @@ impl GlmLayer {
         let input_norm = rms_norm(vb.pp("input_layernorm"), h, eps)?;
         let attn = Attention::load(c, vb.pp("self_attn"), layout)?;
         let post_norm = rms_norm(vb.pp("post_attention_layernorm"), h, eps)?;
-        let ffn = match moe {
-            Some(m) => FeedForward::Sparse(Box::new(MoeBlock::load(m, vb.pp("mlp"), h, layout)?)),
-            None => FeedForward::Dense(Mlp::new(
-                vb.pp("mlp"),
-                h,
-                c.intermediate_size,
-                false,
-                layout,
-            )?),
-        };
+        let ffn = FeedForward::load(moe, vb.pp("mlp"), h, c.intermediate_size, layout)?;
         Ok(GlmLayer {
             input_norm,
             attn,
@@ -148,12 +141,13 @@ impl GlmLayer {
     }
 
     fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
-        let h = x.add(
-            &self
-                .attn
-                .forward(&self.input_norm.forward(x)?, cache, rope)?,
-        )?;
-        Ok(h.add(&self.ffn.forward(&self.post_norm.forward(&h)?)?)?)
+        pre_norm_block(
+            x,
+            &self.input_norm,
+            |n| self.attn.forward(n, cache, rope),
+            &self.post_norm,
+            |h| self.ffn.forward(h),
+        )
     }
 
     fn layer_arrays(&self) -> Vec<Array> {
@@ -163,7 +157,7 @@ impl GlmLayer {
     }
 }
 
-impl MtpBlock for GlmLayer {
+impl HeadBlock for GlmLayer {
     fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
         GlmLayer::forward(self, x, cache, rope)
     }
@@ -220,7 +214,7 @@ impl Glm4Moe {
                         moe.as_ref().filter(|_| has_moe),
                         layout,
                     )?;
-                    Ok(Rc::new(b) as Rc<dyn MtpBlock>)
+                    Ok(Rc::new(b) as Rc<dyn HeadBlock>)
                 };
                 Some(MtpHead::load_family_block(
                     MtpLayout::DeepSeek,

@@ -373,16 +373,17 @@ impl Mlp {
 
 /// One pre-norm decoder block: `h = x + mixer(input_norm(x))`, then
 /// `h + mlp(post_norm(h))`. Every decoder layer kind (attention, gated
-/// attention, Gated DeltaNet) is this shape with its own mixer.
+/// attention, Gated DeltaNet) is this shape with its own mixer; `mlp` is a
+/// dense MLP or a mixture-of-experts block.
 pub(crate) fn pre_norm_block(
     x: &Array,
     input_norm: &RmsNorm,
     mixer: impl FnOnce(&Array) -> Result<Array>,
     post_norm: &RmsNorm,
-    mlp: &Mlp,
+    mlp: impl FnOnce(&Array) -> Result<Array>,
 ) -> Result<Array> {
     let h = x.add(&mixer(&input_norm.forward(x)?)?)?;
-    Ok(h.add(&mlp.forward(&post_norm.forward(&h)?)?)?)
+    Ok(h.add(&mlp(&post_norm.forward(&h)?)?)?)
 }
 
 #[cfg(test)]

@@ -246,7 +246,7 @@ impl Layer {
             &self.input_norm,
             |n| self.attn.forward(n, cache, rope),
             &self.post_norm,
-            &self.mlp,
+            |h| self.mlp.forward(h),
         )
     }
 

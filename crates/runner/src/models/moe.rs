@@ -44,6 +44,21 @@ pub enum FeedForward {
 }
 
 impl FeedForward {
+    /// The feed-forward under `mlp`: a [`MoeBlock`] of `moe` when given,
+    /// else a dense [`Mlp`] of inner width `dense_intermediate`.
+    pub fn load(
+        moe: Option<&MoeConfig>,
+        mlp: Vars<'_>,
+        hidden: usize,
+        dense_intermediate: usize,
+        layout: LinearLayout,
+    ) -> Result<FeedForward> {
+        Ok(match moe {
+            Some(m) => FeedForward::Sparse(Box::new(MoeBlock::load(m, mlp, hidden, layout)?)),
+            None => FeedForward::Dense(Mlp::new(mlp, hidden, dense_intermediate, false, layout)?),
+        })
+    }
+
     /// Applies the layer to `x` `[..., H]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         match self {
@@ -72,18 +87,8 @@ pub fn feed_forward(
     dense_intermediate: usize,
     layout: LinearLayout,
 ) -> Result<FeedForward> {
-    match moe {
-        Some(m) if m.sparse.is_sparse(layer) => Ok(FeedForward::Sparse(Box::new(MoeBlock::load(
-            m, mlp, hidden, layout,
-        )?))),
-        _ => Ok(FeedForward::Dense(Mlp::new(
-            mlp,
-            hidden,
-            dense_intermediate,
-            false,
-            layout,
-        )?)),
-    }
+    let moe = moe.filter(|m| m.sparse.is_sparse(layer));
+    FeedForward::load(moe, mlp, hidden, dense_intermediate, layout)
 }
 
 /// The router: `gate` logits → `top_k` experts per row and their weights.

@@ -1,7 +1,9 @@
-//! Qwen3.5 dense text models: a hybrid stack of Gated DeltaNet layers
-//! (recurrent) and gated full-attention layers, zero-centred RMSNorms,
-//! partial RoPE, and an `mtp.*` head whose block is a gated full-attention
-//! layer. The checkpoint format is in `docs/hybrid-format.md`.
+//! Qwen3.5 text models, dense and MoE: a hybrid stack of Gated DeltaNet
+//! layers (recurrent) and gated full-attention layers, zero-centred
+//! RMSNorms, partial RoPE, and an `mtp.*` head whose block is a gated
+//! full-attention layer. Qwen3.5-MoE (`qwen3_5_moe`) makes every layer's
+//! `mlp`, the head's too, a mixture-of-experts block (`models/moe.rs`). The
+//! checkpoint format is in `docs/hybrid-format.md`.
 
 use kvcache::{Cache, KvCache, RecurrentCache};
 use mlx_tensor::Array;
@@ -11,7 +13,8 @@ use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::models::gated_attention::{GatedLayer, load_norm};
 use crate::models::gated_delta::{GatedDeltaNet, InProj};
-use crate::models::layers::{LinearLayout, Mlp, RmsNorm, embedding, pre_norm_block};
+use crate::models::layers::{LinearLayout, RmsNorm, embedding, pre_norm_block};
+use crate::models::moe::{FeedForward, MoeConfig, MoeDefaults, Scoring};
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
 use crate::mtp::{MtpHead, MtpLayout};
@@ -56,13 +59,45 @@ pub fn build_qwen3_5(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Resul
     Ok(Box::new(Qwen35::load(c, w, l)?))
 }
 
-/// A linear-attention decoder block: pre-norm Gated DeltaNet and pre-norm SwiGLU.
+/// Builds a Qwen3.5-MoE text model (refusing a config without experts).
+pub fn build_qwen3_5_moe(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
+    if moe_config(c)?.is_none() {
+        return Err(c.unsupported_key(
+            "num_experts",
+            format!(
+                "model_type `{}` is a mixture-of-experts model but config.json declares no \
+                 experts (num_experts, num_experts_per_tok, moe_intermediate_size)",
+                c.model_type
+            ),
+        ));
+    }
+    Ok(Box::new(Qwen35::load(c, w, l)?))
+}
+
+/// The MoE part of a Qwen3.5 config: softmax routing, renormalised unless
+/// `norm_topk_prob` says otherwise (transformers always renormalises).
+fn moe_config(c: &ModelConfig) -> Result<Option<MoeConfig>> {
+    MoeConfig::parse(
+        c,
+        MoeDefaults {
+            scoring: Scoring::Softmax,
+            norm_topk_prob: true,
+        },
+    )
+}
+
+/// A linear-attention decoder block: pre-norm Gated DeltaNet and a pre-norm
+/// feed-forward (SwiGLU, or MoE in Qwen3.5-MoE).
 #[derive(Debug, Clone)]
 struct LinearLayer {
     input_norm: RmsNorm,
     mixer: GatedDeltaNet,
     post_norm: RmsNorm,
-    mlp: Mlp,
+    mlp: FeedForward,
 }
 
 #[derive(Debug, Clone)]
@@ -104,6 +139,7 @@ impl Qwen35 {
                 "true is not implemented (the MTP head shares the trunk's embedding)".into(),
             ));
         }
+        let moe = moe_config(c)?;
         let h = c.hidden_size;
         let eps = c.rms_norm_eps;
         let tl = w.layout().clone();
@@ -115,8 +151,9 @@ impl Qwen35 {
         let mut stack = trunk.pp("layers");
         for (i, kind) in hybrid.layers.iter().enumerate() {
             let mut p = stack.pp(i);
+            let sparse = moe.as_ref().filter(|m| m.sparse.is_sparse(i));
             layers.push(match kind {
-                LayerKind::Full => Layer::Full(GatedLayer::load(c, p, shift, layout)?),
+                LayerKind::Full => Layer::Full(GatedLayer::load(c, p, shift, layout, sparse)?),
                 LayerKind::Linear => Layer::Linear(LinearLayer {
                     input_norm: load_norm(p.pp("input_layernorm"), h, eps, shift)?,
                     mixer: GatedDeltaNet::load(
@@ -128,7 +165,7 @@ impl Qwen35 {
                         layout,
                     )?,
                     post_norm: load_norm(p.pp("post_attention_layernorm"), h, eps, shift)?,
-                    mlp: Mlp::new(p.pp("mlp"), h, c.intermediate_size, false, layout)?,
+                    mlp: FeedForward::load(sparse, p.pp("mlp"), h, c.intermediate_size, layout)?,
                 }),
             });
         }
@@ -139,7 +176,11 @@ impl Qwen35 {
         let rope = Rope::new(rotary, c.rope_theta, &c.rope_scaling)?;
         let mtp = match MtpLayout::detect(c, |name| w.contains(name)) {
             Some(MtpLayout::Qwen) => {
-                Some(MtpHead::load_gated(c, w, layout, &embed, &lm_head, &rope)?)
+                // The head's block is a MoE layer whenever the trunk has experts.
+                let m = moe.as_ref();
+                Some(MtpHead::load_gated(
+                    c, w, layout, &embed, &lm_head, &rope, m,
+                )?)
             }
             Some(other) => {
                 return Err(c.unsupported_key(
@@ -199,7 +240,7 @@ impl Model for Qwen35 {
                     &b.input_norm,
                     |n| b.mixer.forward(n, cache.as_mut()),
                     &b.post_norm,
-                    &b.mlp,
+                    |h| b.mlp.forward(h),
                 )?,
             };
         }

@@ -6,8 +6,6 @@
 //! full-attention layer. Config keys are transformers 4 style
 //! (`full_attention_interval`, top-level `rope_theta`), as the hub checkpoint.
 
-use std::rc::Rc;
-
 use kvcache::{Cache, KvCache, RecurrentCache};
 use mlx_tensor::Array;
 
@@ -16,12 +14,12 @@ use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::models::gated_attention::{GatedAttention, load_norm};
 use crate::models::gated_delta::{GatedDeltaNet, InProj};
-use crate::models::layers::{LinearLayout, Mlp, RmsNorm, embedding};
-use crate::models::moe::{FeedForward, MoeBlock, MoeConfig, MoeDefaults, Scoring};
+use crate::models::layers::{LinearLayout, RmsNorm, embedding, pre_norm_block};
+use crate::models::moe::{FeedForward, MoeConfig, MoeDefaults, Scoring};
 use crate::models::qwen3_5::zero_centred_trunk;
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
-use crate::mtp::{MtpBlock, MtpHead, MtpLayout};
+use crate::mtp::{MtpHead, MtpLayout};
 use crate::weights::{Vars, Weights};
 
 /// Builds a Qwen3-Next model.
@@ -40,7 +38,6 @@ enum Mixer {
 }
 
 /// One decoder layer: a pre-norm mixer and a pre-norm MLP or MoE block.
-/// Also the MTP head's block (a full-attention MoE layer).
 #[derive(Debug, Clone)]
 struct NextLayer {
     input_norm: RmsNorm,
@@ -83,16 +80,7 @@ impl NextLayer {
             )?),
         };
         let post_norm = load_norm(vb.pp("post_attention_layernorm"), h, eps, shift)?;
-        let ffn = match plan.moe {
-            Some(m) => FeedForward::Sparse(Box::new(MoeBlock::load(m, vb.pp("mlp"), h, layout)?)),
-            None => FeedForward::Dense(Mlp::new(
-                vb.pp("mlp"),
-                h,
-                c.intermediate_size,
-                false,
-                layout,
-            )?),
-        };
+        let ffn = FeedForward::load(plan.moe, vb.pp("mlp"), h, c.intermediate_size, layout)?;
         Ok(NextLayer {
             input_norm,
             mixer,
@@ -102,32 +90,25 @@ impl NextLayer {
     }
 
     fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
-        let n = self.input_norm.forward(x)?;
-        let mixed = match &self.mixer {
-            Mixer::Full(a) => a.forward(&n, cache, rope)?,
-            Mixer::Linear(m) => m.forward(&n, cache)?,
-        };
-        let h = x.add(&mixed)?;
-        Ok(h.add(&self.ffn.forward(&self.post_norm.forward(&h)?)?)?)
+        pre_norm_block(
+            x,
+            &self.input_norm,
+            |n| match &self.mixer {
+                Mixer::Full(a) => a.forward(n, cache, rope),
+                Mixer::Linear(m) => m.forward(n, cache),
+            },
+            &self.post_norm,
+            |h| self.ffn.forward(h),
+        )
     }
 
-    fn layer_arrays(&self) -> Vec<Array> {
+    fn arrays(&self) -> Vec<Array> {
         let mut v = match &self.mixer {
             Mixer::Full(a) => a.arrays(),
             Mixer::Linear(m) => m.arrays(),
         };
         v.extend(self.ffn.arrays());
         v
-    }
-}
-
-impl MtpBlock for NextLayer {
-    fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
-        NextLayer::forward(self, x, cache, rope)
-    }
-
-    fn arrays(&self) -> Vec<Array> {
-        self.layer_arrays()
     }
 }
 
@@ -191,26 +172,13 @@ impl Qwen3Next {
         )?;
         let mtp = match MtpLayout::detect(c, |name| w.contains(name)) {
             Some(MtpLayout::Qwen) => {
-                let block = |w: &mut Weights, prefix: &str, shift: bool| {
-                    let has_moe = w.contains(&format!("{prefix}.mlp.gate.weight"));
-                    let plan = LayerPlan {
-                        kind: LayerKind::Full,
-                        moe: moe.as_ref().filter(|_| has_moe),
-                        shift,
-                        mlx_conv,
-                    };
-                    let b = NextLayer::load(c, hybrid, Vars::new(w, prefix), plan, layout)?;
-                    Ok(Rc::new(b) as Rc<dyn MtpBlock>)
-                };
-                Some(MtpHead::load_family_block(
-                    MtpLayout::Qwen,
-                    c,
-                    w,
-                    layout,
-                    &embed,
-                    &lm_head,
-                    &rope,
-                    block,
+                // The head's block is a gated full-attention layer, sparse
+                // when the checkpoint gave it a router.
+                let sparse = moe
+                    .as_ref()
+                    .filter(|_| w.contains("mtp.layers.0.mlp.gate.weight"));
+                Some(MtpHead::load_gated(
+                    c, w, layout, &embed, &lm_head, &rope, sparse,
                 )?)
             }
             Some(other) => {
@@ -249,7 +217,7 @@ impl Qwen3Next {
     fn arrays(&self) -> Vec<Array> {
         let mut v = self.ends.arrays();
         for l in &self.layers {
-            v.extend(l.layer_arrays());
+            v.extend(l.arrays());
         }
         v
     }

@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::models::gated_attention::GatedLayer;
 use crate::models::layers::{Embedding, Linear, LinearLayout, RmsNorm};
 use crate::models::llama::{Layer, Variant};
+use crate::models::moe::MoeConfig;
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::logits_f32;
 use crate::weights::{Vars, Weights};
@@ -29,7 +30,8 @@ pub struct MtpHead {
     embed_norm: RmsNorm,
     hidden_norm: RmsNorm,
     proj: Linear,
-    block: Block,
+    /// Shared by every [`MtpHead::fresh`] copy: weights only, no state.
+    block: Rc<dyn HeadBlock>,
     final_norm: RmsNorm,
     lm_head: Linear,
     rope: Rope,
@@ -52,19 +54,18 @@ impl MtpHead {
         lm_head: &Linear,
         rope: &Rope,
     ) -> Result<MtpHead> {
-        let block = |w: &mut Weights, prefix: &str, shift: bool| -> Result<Block> {
+        let block = |w: &mut Weights, prefix: &str, shift: bool| -> Result<Rc<dyn HeadBlock>> {
             let b = Layer::load(c, Vars::new(w, prefix), variant, linear)?;
-            Ok(Block::Dense(if shift {
-                b.with_shifted_norms()?
-            } else {
-                b
-            }))
+            let b = if shift { b.with_shifted_norms()? } else { b };
+            Ok(Rc::new(b) as Rc<dyn HeadBlock>)
         };
         Self::load_with(layout, c, w, linear, embed, lm_head, rope, block)
     }
 
     /// Loads a Qwen3.5 `mtp.*` head whose block is a gated full-attention
-    /// layer (see [`crate::models::gated_attention`]).
+    /// layer (see [`crate::models::gated_attention`]), with a MoE block of
+    /// `moe` as its `mlp` when given (Qwen3.5-MoE, Qwen3-Next).
+    #[allow(clippy::too_many_arguments)]
     pub fn load_gated(
         c: &ModelConfig,
         w: &mut Weights,
@@ -72,14 +73,11 @@ impl MtpHead {
         embed: &Embedding,
         lm_head: &Linear,
         rope: &Rope,
+        moe: Option<&MoeConfig>,
     ) -> Result<MtpHead> {
-        let block = |w: &mut Weights, prefix: &str, shift: bool| -> Result<Block> {
-            Ok(Block::Gated(GatedLayer::load(
-                c,
-                Vars::new(w, prefix),
-                shift,
-                linear,
-            )?))
+        let block = |w: &mut Weights, prefix: &str, shift: bool| -> Result<Rc<dyn HeadBlock>> {
+            let b = GatedLayer::load(c, Vars::new(w, prefix), shift, linear, moe)?;
+            Ok(Rc::new(b))
         };
         Self::load_with(MtpLayout::Qwen, c, w, linear, embed, lm_head, rope, block)
     }
@@ -95,12 +93,9 @@ impl MtpHead {
         embed: &Embedding,
         lm_head: &Linear,
         rope: &Rope,
-        load_block: impl FnOnce(&mut Weights, &str, bool) -> Result<Rc<dyn MtpBlock>>,
+        load_block: impl FnOnce(&mut Weights, &str, bool) -> Result<Rc<dyn HeadBlock>>,
     ) -> Result<MtpHead> {
-        let block = |w: &mut Weights, prefix: &str, shift: bool| -> Result<Block> {
-            Ok(Block::Family(load_block(w, prefix, shift)?))
-        };
-        Self::load_with(layout, c, w, linear, embed, lm_head, rope, block)
+        Self::load_with(layout, c, w, linear, embed, lm_head, rope, load_block)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -112,7 +107,7 @@ impl MtpHead {
         embed: &Embedding,
         lm_head: &Linear,
         rope: &Rope,
-        load_block: impl FnOnce(&mut Weights, &str, bool) -> Result<Block>,
+        load_block: impl FnOnce(&mut Weights, &str, bool) -> Result<Rc<dyn HeadBlock>>,
     ) -> Result<MtpHead> {
         let names = layout.names(c);
         let h = c.hidden_size;
@@ -164,7 +159,7 @@ impl MtpHead {
             embed_norm: self.embed_norm.clone(),
             hidden_norm: self.hidden_norm.clone(),
             proj: self.proj.clone(),
-            block: self.block.clone(),
+            block: Rc::clone(&self.block),
             final_norm: self.final_norm.clone(),
             lm_head: self.lm_head.clone(),
             rope: self.rope.clone(),
@@ -259,39 +254,32 @@ impl DraftHead for MtpHead {
     }
 }
 
-/// A decoder block a family supplies for its MTP head (Qwen3-Next's and
-/// GLM-4.5's are mixture-of-experts layers).
-pub(crate) trait MtpBlock: std::fmt::Debug {
-    /// The block over `x` `[1, L, H]`, appending its keys and values to `cache`.
+/// The head's decoder block: whatever decoder layer the trunk family uses
+/// (its dense layer, Qwen3.5's gated full-attention layer, with a dense or
+/// MoE feed-forward). A family with a new layer kind implements this.
+pub(crate) trait HeadBlock: std::fmt::Debug {
+    /// The block over `x` `[1, L, H]` at the draft cache's offset.
     fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array>;
     /// The arrays to evaluate at load.
     fn arrays(&self) -> Vec<Array>;
 }
 
-/// The head's decoder block: the trunk family's dense layer, Qwen3.5's
-/// gated full-attention layer, or one a family supplies.
-#[derive(Debug, Clone)]
-enum Block {
-    Dense(Layer),
-    Gated(GatedLayer),
-    /// Shared by every per-request copy of the head.
-    Family(Rc<dyn MtpBlock>),
-}
-
-impl Block {
+impl HeadBlock for Layer {
     fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
-        match self {
-            Block::Dense(b) => b.forward(x, cache, rope),
-            Block::Gated(b) => b.forward(x, cache, rope),
-            Block::Family(b) => b.forward(x, cache, rope),
-        }
+        Layer::forward(self, x, cache, rope)
     }
 
     fn arrays(&self) -> Vec<Array> {
-        match self {
-            Block::Dense(b) => b.arrays(),
-            Block::Gated(b) => b.arrays(),
-            Block::Family(b) => b.arrays(),
-        }
+        Layer::arrays(self)
+    }
+}
+
+impl HeadBlock for GatedLayer {
+    fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
+        GatedLayer::forward(self, x, cache, rope)
+    }
+
+    fn arrays(&self) -> Vec<Array> {
+        GatedLayer::arrays(self)
     }
 }

@@ -131,7 +131,7 @@ impl MtpLayout {
 pub fn zero_centred_norms(config: &ModelConfig) -> bool {
     let by_type = matches!(
         config.model_type.as_str(),
-        "qwen3_next" | "qwen3_5" | "qwen3_5_moe" | "qwen3_5_text"
+        "qwen3_next" | "qwen3_5" | "qwen3_5_moe" | "qwen3_5_text" | "qwen3_5_moe_text"
     );
     config.mtp_norm_zero_centered.unwrap_or(by_type)
 }

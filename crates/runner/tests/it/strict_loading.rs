@@ -147,11 +147,7 @@ fn unimplemented_config_keys_are_named() {
 #[test]
 fn recognised_but_unimplemented_architectures_say_what_they_need() {
     let cases = [
-        (
-            "Qwen3_5MoeForConditionalGeneration",
-            "qwen3_5_moe",
-            "mixture-of-experts",
-        ),
+        ("MixtralForCausalLM", "mixtral", "mixture-of-experts"),
         ("DeepseekV3ForCausalLM", "deepseek_v3", "latent attention"),
         (
             "Glm4MoeLiteForCausalLM",

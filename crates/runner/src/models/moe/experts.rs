@@ -229,12 +229,28 @@ fn per_expert(mlp: &mut Vars<'_>, name: &str, e: usize, out: usize, input: usize
             let parts: Vec<Array> = quantized.iter().map(|q| f(q).clone()).collect();
             Ok(ops::stack(&parts, 0)?)
         };
-        return Ok(Stack::Quantized(QuantizedTensor {
+        let q = QuantizedTensor {
             weight: part(|q| &q.weight)?,
             scales: part(|q| &q.scales)?,
             biases: part(|q| &q.biases)?,
             params,
-        }));
+        };
+        drop(quantized);
+        evaluated(experts.is_dry(), &q.arrays())?;
+        return Ok(Stack::Quantized(q));
     }
-    Stack::dense(&ops::stack(&dense, 0)?)
+    let w = ops::stack(&dense, 0)?;
+    drop(dense);
+    evaluated(experts.is_dry(), std::slice::from_ref(&w))?;
+    Stack::dense(&w)
+}
+
+/// Evaluates a freshly stacked projection at once (unless the weights are
+/// placeholders), so that its per-expert sources are freed now: a load then
+/// holds at most one projection twice, not every layer's experts.
+fn evaluated(dry: bool, arrays: &[Array]) -> Result<()> {
+    if !dry {
+        mlx_tensor::eval(arrays)?;
+    }
+    Ok(())
 }
