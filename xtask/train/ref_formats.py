@@ -11,8 +11,7 @@ layouts, in f32 on the stored weights) or by mlx-lm (converted layouts, in f32);
 
 MTP heads: transformers drops `mtp.*` and `model.mtp_layers.*` on load, so the hub folders of
 Qwen3.5 and MiMo get random MTP tensors under their real names after saving (the reference is
-unaffected); mlx-lm removes them on conversion, as it does for real checkpoints. The MoE MTP
-families (Qwen3-Next, GLM-4.5) are built in ref_moe_families.py and added to FAMILIES here.
+unaffected); mlx-lm removes them on conversion, as it does for real checkpoints.
 
 Mixture-of-experts families are built by `ref_moe.py` (Qwen3.5-MoE) and, when present,
 `ref_moe_families.py`: each exports `BUILDERS`, name -> `build(out, work, rf)` with this module as `rf`.
@@ -33,8 +32,6 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ref_moe_families import DROP, FAMILIES as MOE_FAMILIES
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 VOCAB = 272
@@ -42,6 +39,8 @@ EOT, IM_START, IM_END = 256, 257, 258
 PROMPT = [5, 77, 130, 9, 201, 44, 3, 250, 18, 99, 61, 120]
 MAX_TOKENS = 12
 SEED = 1234
+# A config patch value that removes the key (patch_config).
+DROP = object()
 
 
 def perturb(model, seed):
@@ -60,9 +59,6 @@ def perturb(model, seed):
                 p.copy_(torch.rand(p.shape, generator=g) * 2.0 - 1.0)
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g))
-            elif p.ndim == 3 and ".experts." in name:
-                # Stacked experts [E, out, in]: each expert is a matrix over `in`.
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
             elif p.ndim >= 2:
                 fan_in = int(np.prod(p.shape[1:]))
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
@@ -236,7 +232,6 @@ FAMILIES = {
               "num_nextn_predict_layers": 1}, mtp_mimo),
     # mlx-lm reads `full_attention_interval` (default 4), transformers `layer_types`: give both.
     "qwen3_5": (qwen3_5, {"text_config": {"full_attention_interval": 2}}, mtp_qwen),
-    **MOE_FAMILIES,
 }
 
 
@@ -272,10 +267,13 @@ def build(name, out, work):
     import transformers
     from mlx_lm import convert
 
-    make, patch, mtp = FAMILIES[name]
+    # An optional fourth entry re-draws what perturb scales for a dense family (MoE experts).
+    make, patch, mtp, *after = FAMILIES[name]
     torch.manual_seed(SEED)
     model = make().float().eval()
     perturb(model, SEED)
+    for f in after:
+        f(model)
     base = os.path.join(work, name)
     model.save_pretrained(base)
     write_tokenizer(base)

@@ -1,7 +1,9 @@
 """Tiny random Qwen3-Next and GLM-4.5 (MoE MTP families) for ref_formats.py.
 
-Each entry of FAMILIES is (builder, config patch written after saving, MTP adder), as in
-ref_formats.py, which imports this table. The configs are written transformers-4 style
+ref_formats.py calls `BUILDERS[name](out, work, rf)` with itself as `rf`; each builder runs
+ref_formats' own `build` (hub f32 / bf16 / sharded with the MTP tensors, mlx-lm f32 / q4 / q8) on
+a (model builder, config patch written after saving, MTP adder, expert re-draw) entry of
+`families(rf)`. The configs are written transformers-4 style
 (top-level `rope_theta` / `partial_rotary_factor`, Qwen3-Next's `full_attention_interval`
 instead of `layer_types`), as the hub checkpoints were made and as mlx-lm 0.32.2 needs them.
 
@@ -16,8 +18,6 @@ import torch
 VOCAB = 272
 EOT = 256
 ROPE_THETA = 10000.0
-# A config patch value that removes the key (ref_formats.patch_config).
-DROP = object()
 
 # hidden_size 64: mlx-lm quantizes Qwen3-Next's `mlp.gate` / `shared_expert_gate` with
 # group size 64, and every other input width is a multiple of the fixtures' group size 32.
@@ -106,6 +106,16 @@ def glm4_moe():
     return model
 
 
+def experts_fan_in(model):
+    """Stacked experts `[E, out, in]` re-drawn at `1/sqrt(in)` (perturb scales a 3-d tensor by
+    `out * in`, which would leave the experts' outputs negligible)."""
+    g = torch.Generator().manual_seed(99)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 3 and ".experts." in name:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+
+
 def per_expert(sd, prefix):
     """The trunk layer's tensors at `prefix` as save_pretrained writes them: fused
     `experts.gate_up_proj [E, 2I, H]` / `experts.down_proj [E, H, I]` become
@@ -176,15 +186,28 @@ def mtp_glm4_moe(sd, dtype, g):
             for k, v in out.items()}
 
 
-# transformers-4 style keys (mlx-lm 0.32.2 reads only these), written after saving.
-FAMILIES = {
-    "qwen3_next": (qwen3_next, {
-        "rope_theta": ROPE_THETA, "partial_rotary_factor": 0.25, "full_attention_interval": 2,
-        "layer_types": DROP, "rope_parameters": DROP, "decoder_sparse_step": 1,
-        "mlp_only_layers": [], "norm_topk_prob": True, "mtp_num_hidden_layers": 1,
-    }, mtp_qwen3_next),
-    "glm4_moe": (glm4_moe, {
-        "rope_theta": ROPE_THETA, "partial_rotary_factor": 0.5, "rope_scaling": None,
-        "rope_parameters": DROP,
-    }, mtp_glm4_moe),
-}
+def families(rf):
+    """The entries, with transformers-4 style keys (mlx-lm 0.32.2 reads only these) written
+    after saving; `rf.DROP` removes a key."""
+    return {
+        "qwen3_next": (qwen3_next, {
+            "rope_theta": ROPE_THETA, "partial_rotary_factor": 0.25,
+            "full_attention_interval": 2, "layer_types": rf.DROP, "rope_parameters": rf.DROP,
+            "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+            "mtp_num_hidden_layers": 1,
+        }, mtp_qwen3_next, experts_fan_in),
+        "glm4_moe": (glm4_moe, {
+            "rope_theta": ROPE_THETA, "partial_rotary_factor": 0.5, "rope_scaling": None,
+            "rope_parameters": rf.DROP,
+        }, mtp_glm4_moe, experts_fan_in),
+    }
+
+
+def builder(name):
+    def run(out, work, rf):
+        rf.FAMILIES[name] = families(rf)[name]
+        return rf.build(name, out, work)
+    return run
+
+
+BUILDERS = {name: builder(name) for name in ["qwen3_next", "glm4_moe"]}
