@@ -157,7 +157,7 @@ fn check_all(all: &[PathBuf]) {
 }
 
 /// MTP speculation at depth 2 equals plain greedy decoding and drafts.
-fn check_speculation(name: &str, m: &LoadedModel, prompt: &[u32]) {
+pub(super) fn check_speculation(name: &str, m: &LoadedModel, prompt: &[u32]) {
     let opts = GenerateOptions {
         max_tokens: 16,
         sampling: SamplingOptions::greedy(),

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::formats::prepared;
+use crate::formats::{check_speculation, prepared};
 use crate::strict_loading::{edit_config, refused};
 
 fn fixture(name: &str) -> tempfile::TempDir {
@@ -96,4 +96,30 @@ fn glm4_moe_bad_configs_name_the_key_or_tensor() {
         json!(0),
         &["model.layers.0.mlp.gate.weight"],
     );
+}
+
+/// GLM-4.5's MTP layer may come without its copies of the embedding and the
+/// LM head (`model.layers.{N}.embed_tokens`, `shared_head.head`: llama.cpp
+/// loads both as optional); the head then uses the trunk's, still drafts,
+/// and greedy MTP still equals plain decoding.
+#[test]
+fn glm4_moe_head_without_its_optional_copies_uses_the_trunks() {
+    let dir = fixture("glm4_moe-hf-f32");
+    let path = dir.path().join("model.safetensors");
+    let mut file = mlx_tensor::io::load_safetensors(&path).unwrap();
+    for name in [
+        "model.layers.2.embed_tokens.weight",
+        "model.layers.2.shared_head.head.weight",
+    ] {
+        assert!(
+            file.tensors.remove(name).is_some(),
+            "the fixture has {name}"
+        );
+    }
+    mlx_tensor::io::save_safetensors(&path, file.tensors.iter().map(|(n, a)| (n.as_str(), a)))
+        .unwrap();
+    let m = runner::load(dir.path(), runner::LoadOptions::default(), |_, _| {}).unwrap();
+    assert!(m.model.mtp_head().is_some(), "the MTP head loads");
+    let prompt = [5, 77, 130, 9, 201, 44, 3, 250];
+    check_speculation("glm4_moe-hf-f32 without copies", &m, &prompt);
 }
