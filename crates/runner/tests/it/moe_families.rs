@@ -1,9 +1,14 @@
-//! Qwen3-Next and GLM-4.5 refuse bad configs with errors that name the key
-//! or tensor, starting from the committed hub fixtures (`cargo xtask
-//! ref-formats`, `xtask/train/ref_moe_families.py`); `formats.rs` checks the
-//! same folders token for token.
+//! Qwen3-Next and GLM-4.5 beyond `formats.rs` (which checks every folder
+//! token for token against transformers / mlx-lm): bad configs refused with
+//! errors that name the key or tensor, GLM-4.5's optional MTP copies, and
+//! greedy speculation equal to plain decoding at several depths and with
+//! draft models. The folders are the committed fixtures of `cargo xtask
+//! ref-formats` (`xtask/train/ref_moe_families.py`).
 
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+use runner::{DepthPolicy, GenerateOptions, SamplingOptions, Session};
 
 use serde_json::{Value, json};
 
@@ -122,4 +127,105 @@ fn glm4_moe_head_without_its_optional_copies_uses_the_trunks() {
     assert!(m.model.mtp_head().is_some(), "the MTP head loads");
     let prompt = [5, 77, 130, 9, 201, 44, 3, 250];
     check_speculation("glm4_moe-hf-f32 without copies", &m, &prompt);
+}
+
+/// Greedy MTP equals plain greedy decoding at depths 1, 3 and 4 and under the
+/// automatic depth, over 32 tokens (so rejections rewind the recurrent and KV
+/// caches many times), for both families' hub folders; every run drafts.
+#[test]
+fn greedy_mtp_equals_plain_at_every_depth() {
+    let prompt = [5, 77, 130, 9, 201, 44, 3, 250, 18, 99];
+    for name in ["qwen3_next-hf-f32", "glm4_moe-hf-f32"] {
+        let dir = fixture(name);
+        let m = runner::load(dir.path(), runner::LoadOptions::default(), |_, _| {}).unwrap();
+        let model = m.model.as_ref();
+        let stop = AtomicBool::new(false);
+        for depth in [
+            DepthPolicy::Fixed(1),
+            DepthPolicy::Fixed(3),
+            DepthPolicy::Fixed(4),
+            DepthPolicy::Auto { max: 4 },
+        ] {
+            let opts = GenerateOptions {
+                max_tokens: 32,
+                sampling: SamplingOptions::greedy(),
+                depth,
+                ..GenerateOptions::default()
+            };
+            let plain = Session::new(model)
+                .generate(&m.tokenizer, &prompt, &opts, &stop, |_| {})
+                .unwrap();
+            let spec = Session::with_mtp(model)
+                .unwrap()
+                .generate(&m.tokenizer, &prompt, &opts, &stop, |_| {})
+                .unwrap();
+            assert_eq!(spec.token_ids, plain.token_ids, "{name} at {depth:?}");
+            let s = spec.speculation.expect("speculation figures");
+            assert!(s.drafted > 0, "{name} at {depth:?}: nothing drafted");
+            eprintln!(
+                "{name} {depth:?}: {} of {} drafts accepted",
+                s.accepted, s.drafted
+            );
+        }
+    }
+}
+
+/// The random MTP heads above accept almost nothing (each round keeps only
+/// the correction token), so keeping several drafts of a round is exercised
+/// with draft models: the model itself (every draft accepted), and for
+/// GLM-4.5 its 4-bit mlx-lm conversion (the same weights rounded: some drafts
+/// accepted, some not). Greedy output must equal plain decoding. Qwen3-Next
+/// has no lossy draft here: a hybrid draft model cannot yet rewind its own
+/// recurrent caches after a rejection (`drafter/draft_model.rs` schedules no
+/// snapshots), a drafter limitation that Qwen3.5 shares.
+#[test]
+fn draft_model_speculation_keeps_part_of_a_round_and_equals_plain() {
+    let prompt = [5, 77, 130, 9, 201, 44, 3, 250, 18, 99];
+    for (family, lossy) in [("qwen3_next", None), ("glm4_moe", Some("mlx-q4"))] {
+        let load = |d: &Path| runner::load(d, runner::LoadOptions::default(), |_, _| {}).unwrap();
+        let target_dir = fixture(&format!("{family}-hf-f32"));
+        let target = load(target_dir.path());
+        let lossy_dir = lossy.map(|l| fixture(&format!("{family}-{l}")));
+        let lossy = lossy_dir.as_ref().map(|d| load(d.path()));
+        let opts = GenerateOptions {
+            max_tokens: 32,
+            sampling: SamplingOptions::greedy(),
+            depth: DepthPolicy::Fixed(3),
+            ..GenerateOptions::default()
+        };
+        let stop = AtomicBool::new(false);
+        let model = target.model.as_ref();
+        let plain = Session::new(model)
+            .generate(&target.tokenizer, &prompt, &opts, &stop, |_| {})
+            .unwrap();
+        let mut drafts = vec![("itself", model)];
+        drafts.extend(lossy.as_ref().map(|m| ("its q4", m.model.as_ref())));
+        for (what, draft) in drafts {
+            let spec = Session::with_draft_model(model, draft)
+                .generate(&target.tokenizer, &prompt, &opts, &stop, |_| {})
+                .unwrap();
+            assert_eq!(
+                spec.token_ids, plain.token_ids,
+                "{family} drafted by {what}"
+            );
+            let s = spec.speculation.expect("speculation figures");
+            eprintln!(
+                "{family} drafted by {what}: {} of {} accepted",
+                s.accepted, s.drafted
+            );
+            if what == "itself" {
+                assert_eq!(
+                    s.accepted, s.drafted,
+                    "{family}: a self-draft is always accepted"
+                );
+            } else {
+                assert!(
+                    0 < s.accepted && s.accepted < s.drafted,
+                    "{family} drafted by {what}: {} of {} accepted, want some of them",
+                    s.accepted,
+                    s.drafted
+                );
+            }
+        }
+    }
 }
