@@ -162,10 +162,6 @@ fn greedy_mtp_equals_plain_at_every_depth() {
             assert_eq!(spec.token_ids, plain.token_ids, "{name} at {depth:?}");
             let s = spec.speculation.expect("speculation figures");
             assert!(s.drafted > 0, "{name} at {depth:?}: nothing drafted");
-            eprintln!(
-                "{name} {depth:?}: {} of {} drafts accepted",
-                s.accepted, s.drafted
-            );
         }
     }
 }
@@ -209,10 +205,6 @@ fn draft_model_speculation_keeps_part_of_a_round_and_equals_plain() {
                 "{family} drafted by {what}"
             );
             let s = spec.speculation.expect("speculation figures");
-            eprintln!(
-                "{family} drafted by {what}: {} of {} accepted",
-                s.accepted, s.drafted
-            );
             if what == "itself" {
                 assert_eq!(
                     s.accepted, s.drafted,
