@@ -39,6 +39,8 @@ EOT, IM_START, IM_END = 256, 257, 258
 PROMPT = [5, 77, 130, 9, 201, 44, 3, 250, 18, 99, 61, 120]
 MAX_TOKENS = 12
 SEED = 1234
+# A config patch value that removes the key (patch_config).
+DROP = object()
 
 
 def perturb(model, seed):
@@ -252,7 +254,9 @@ def patch_config(folder, patch):
     p = os.path.join(folder, "config.json")
     c = json.load(open(p))
     for k, v in patch.items():
-        if isinstance(v, dict) and isinstance(c.get(k), dict):
+        if v is DROP:
+            c.pop(k, None)
+        elif isinstance(v, dict) and isinstance(c.get(k), dict):
             c[k].update(v)
         else:
             c[k] = v
@@ -263,10 +267,13 @@ def build(name, out, work):
     import transformers
     from mlx_lm import convert
 
-    make, patch, mtp = FAMILIES[name]
+    # An optional fourth entry re-draws what perturb scales for a dense family (MoE experts).
+    make, patch, mtp, *after = FAMILIES[name]
     torch.manual_seed(SEED)
     model = make().float().eval()
     perturb(model, SEED)
+    for f in after:
+        f(model)
     base = os.path.join(work, name)
     model.save_pretrained(base)
     write_tokenizer(base)

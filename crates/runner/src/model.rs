@@ -117,6 +117,18 @@ pub const FAMILIES: &[Family] = &[
         build: crate::models::qwen3_5::build_qwen3_5,
     },
     Family {
+        name: "qwen3_next",
+        architectures: &["Qwen3NextForCausalLM"],
+        model_types: &["qwen3_next"],
+        build: crate::models::qwen3_next::build_qwen3_next,
+    },
+    Family {
+        name: "glm4_moe",
+        architectures: &["Glm4MoeForCausalLM"],
+        model_types: &["glm4_moe"],
+        build: crate::models::glm4_moe::build_glm4_moe,
+    },
+    Family {
         name: "qwen3_5_moe",
         architectures: &[
             "Qwen3_5MoeForCausalLM",
@@ -131,19 +143,9 @@ pub const FAMILIES: &[Family] = &[
 /// (`architectures[0]`, `model_type`, what is missing).
 pub const UNSUPPORTED: &[(&str, &str, &str)] = &[
     (
-        "Qwen3NextForCausalLM",
-        "qwen3_next",
-        "mixture-of-experts MLP layers and fused Gated DeltaNet projections",
-    ),
-    (
         "MixtralForCausalLM",
         "mixtral",
         "mixture-of-experts MLP layers",
-    ),
-    (
-        "Glm4MoeForCausalLM",
-        "glm4_moe",
-        "mixture-of-experts MLP layers with grouped sigmoid routing",
     ),
     (
         "DeepseekV3ForCausalLM",

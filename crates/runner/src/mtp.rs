@@ -11,11 +11,12 @@
 //!
 //! The head's block is the trunk family's decoder layer behind the small
 //! `head::HeadBlock` trait (attention with its own KV cache, then a SwiGLU MLP
-//! or, for Qwen3.5-MoE, a mixture-of-experts block). DeepSeek's MLA is not
+//! or a mixture-of-experts block: Qwen3.5-MoE, Qwen3-Next, GLM-4.5). DeepSeek's MLA is not
 //! implemented.
 
 mod head;
 mod layout;
 
+pub(crate) use head::HeadBlock;
 pub use head::MtpHead;
 pub use layout::{MtpLayout, zero_centred_norms};

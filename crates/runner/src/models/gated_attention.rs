@@ -24,7 +24,34 @@ pub(crate) struct GatedAttention {
 }
 
 impl GatedAttention {
-    fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
+    /// The attention at `vb` (`self_attn`): query+gate `q_proj`, `k_proj`,
+    /// `v_proj`, `o_proj`, `q_norm` and `k_norm` (shifted when `shift`).
+    pub(crate) fn load(
+        c: &ModelConfig,
+        mut a: Vars<'_>,
+        shift: bool,
+        layout: LinearLayout,
+    ) -> Result<GatedAttention> {
+        let h = c.hidden_size;
+        let d = c.head_dim;
+        let (nq, nkv) = (c.num_attention_heads, c.num_key_value_heads);
+        let eps = c.rms_norm_eps;
+        let bias = c.attention_bias.unwrap_or(false);
+        Ok(GatedAttention {
+            q: linear(a.pp("q_proj"), h, 2 * nq * d, bias, layout)?,
+            k: linear(a.pp("k_proj"), h, nkv * d, bias, layout)?,
+            v: linear(a.pp("v_proj"), h, nkv * d, bias, layout)?,
+            o: linear(a.pp("o_proj"), nq * d, h, bias, layout)?,
+            core: AttentionCore::new(
+                c,
+                Some(load_norm(a.pp("q_norm"), d, eps, shift)?),
+                Some(load_norm(a.pp("k_norm"), d, eps, shift)?),
+            ),
+        })
+    }
+
+    /// The attention over `x` `[1, L, H]`, appending its keys and values to `cache`.
+    pub(crate) fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
         let c = &self.core;
         let l = x.dim(1);
         let d = c.head_dim;
@@ -36,6 +63,14 @@ impl GatedAttention {
         let v = c.split(&self.v.forward(x)?, c.kv_heads)?;
         let o = c.attend(&q, &k, &v, cache, rope)?;
         self.o.forward(&o.multiply(&gate.sigmoid()?)?)
+    }
+
+    /// The arrays to evaluate at load.
+    pub(crate) fn arrays(&self) -> Vec<Array> {
+        [&self.q, &self.k, &self.v, &self.o]
+            .iter()
+            .flat_map(|l| l.arrays())
+            .collect()
     }
 }
 
@@ -69,22 +104,8 @@ impl GatedLayer {
         moe: Option<&MoeConfig>,
     ) -> Result<GatedLayer> {
         let h = c.hidden_size;
-        let d = c.head_dim;
-        let (nq, nkv) = (c.num_attention_heads, c.num_key_value_heads);
         let eps = c.rms_norm_eps;
-        let bias = c.attention_bias.unwrap_or(false);
-        let mut a = vb.pp("self_attn");
-        let attn = GatedAttention {
-            q: linear(a.pp("q_proj"), h, 2 * nq * d, bias, layout)?,
-            k: linear(a.pp("k_proj"), h, nkv * d, bias, layout)?,
-            v: linear(a.pp("v_proj"), h, nkv * d, bias, layout)?,
-            o: linear(a.pp("o_proj"), nq * d, h, bias, layout)?,
-            core: AttentionCore::new(
-                c,
-                Some(load_norm(a.pp("q_norm"), d, eps, shift)?),
-                Some(load_norm(a.pp("k_norm"), d, eps, shift)?),
-            ),
-        };
+        let attn = GatedAttention::load(c, vb.pp("self_attn"), shift, layout)?;
         Ok(GatedLayer {
             input_norm: load_norm(vb.pp("input_layernorm"), h, eps, shift)?,
             attn,
@@ -106,10 +127,7 @@ impl GatedLayer {
 
     /// The arrays to evaluate at load.
     pub(crate) fn arrays(&self) -> Vec<Array> {
-        let mut v: Vec<Array> = [&self.attn.q, &self.attn.k, &self.attn.v, &self.attn.o]
-            .iter()
-            .flat_map(|l| l.arrays())
-            .collect();
+        let mut v = self.attn.arrays();
         v.extend(self.mlp.arrays());
         v
     }

@@ -13,7 +13,18 @@ use mlx_tensor::{Array, Dtype, fast, ops};
 use crate::config::{HybridConfig, ModelConfig};
 use crate::error::Result;
 use crate::models::layers::{Linear, LinearLayout, linear};
+use crate::quant::QuantizedTensor;
 use crate::weights::Vars;
+
+/// How a checkpoint stores the Gated DeltaNet's input projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InProj {
+    /// `in_proj_qkv`, `in_proj_z`, `in_proj_b` and `in_proj_a` (Qwen3.5).
+    Split,
+    /// `in_proj_qkvz` and `in_proj_ba`, interleaved per key-head group
+    /// (Qwen3-Next); split into the four above once at load.
+    Fused,
+}
 
 /// One Gated DeltaNet mixer (the `linear_attn` module of a decoder layer).
 #[derive(Debug, Clone)]
@@ -40,13 +51,15 @@ pub(crate) struct GatedDeltaNet {
 }
 
 impl GatedDeltaNet {
-    /// The mixer at `vb`: `in_proj_{qkv,z,b,a}`, `conv1d.weight` (`[C, 1, K]`
-    /// as transformers stores it, or `[C, K, 1]` when `mlx_conv`: mlx-lm's
-    /// layout), `A_log`, `dt_bias`, `norm.weight` and `out_proj`.
+    /// The mixer at `vb`: the input projections as `proj` says,
+    /// `conv1d.weight` (`[C, 1, K]` as transformers stores it, or `[C, K, 1]`
+    /// when `mlx_conv`: mlx-lm's layout), `A_log`, `dt_bias`, `norm.weight`
+    /// and `out_proj`.
     pub(crate) fn load(
         c: &ModelConfig,
         h: &HybridConfig,
         mut vb: Vars<'_>,
+        proj: InProj,
         mlx_conv: bool,
         layout: LinearLayout,
     ) -> Result<GatedDeltaNet> {
@@ -55,12 +68,20 @@ impl GatedDeltaNet {
         let value_total = h.value_heads * h.value_head_dim;
         let conv_dim = h.conv_dim();
         let k = h.conv_kernel;
-        let mut lin = |name: &str, i: usize, o: usize| linear(vb.pp(name), i, o, false, layout);
-        let in_qkv = lin("in_proj_qkv", hidden, conv_dim)?;
-        let in_z = lin("in_proj_z", hidden, value_total)?;
-        let in_b = lin("in_proj_b", hidden, h.value_heads)?;
-        let in_a = lin("in_proj_a", hidden, h.value_heads)?;
-        let out = lin("out_proj", value_total, hidden)?;
+        let [in_qkv, in_z, in_b, in_a] = match proj {
+            InProj::Split => {
+                let mut lin =
+                    |name: &str, i: usize, o: usize| linear(vb.pp(name), i, o, false, layout);
+                [
+                    lin("in_proj_qkv", hidden, conv_dim)?,
+                    lin("in_proj_z", hidden, value_total)?,
+                    lin("in_proj_b", hidden, h.value_heads)?,
+                    lin("in_proj_a", hidden, h.value_heads)?,
+                ]
+            }
+            InProj::Fused => split_fused(&mut vb, h, hidden, layout)?,
+        };
+        let out = linear(vb.pp("out_proj"), value_total, hidden, false, layout)?;
         let stored = if mlx_conv {
             [conv_dim, k, 1]
         } else {
@@ -208,6 +229,127 @@ impl GatedDeltaNet {
             self.norm.clone(),
         ]);
         v
+    }
+}
+
+/// Qwen3-Next's `in_proj_qkvz` and `in_proj_ba` as Qwen3.5's `[qkv, z, b, a]`.
+///
+/// `in_proj_qkvz` `[2·Kh·Dk + 2·Vh·Dv, H]` holds, for each of the `Kh`
+/// key-head groups in turn, that group's query rows (`Dk`), key rows (`Dk`),
+/// value rows (`r·Dv`) and gate rows (`r·Dv`), with `r = Vh / Kh`;
+/// `in_proj_ba` `[2·Vh, H]` holds per group its `r` beta rows, then its `r`
+/// alpha rows (transformers' and mlx-lm's `fix_query_key_value_ordering`).
+/// Regrouping the rows once here gives the projections the convolution and
+/// the recurrence read; quantized weights keep their codes (a row of codes,
+/// scales and biases belongs to one output).
+fn split_fused(
+    vb: &mut Vars<'_>,
+    h: &HybridConfig,
+    hidden: usize,
+    layout: LinearLayout,
+) -> Result<[Linear; 4]> {
+    let r = h.value_heads / h.key_heads;
+    let (dk, dv) = (h.key_head_dim, h.value_head_dim);
+    let qkvz_rows = 2 * h.key_heads * dk + 2 * h.value_heads * dv;
+    let qkvz = Rows::take(vb.pp("in_proj_qkvz"), hidden, qkvz_rows)?;
+    let [q, k, v, z] = qkvz.ungroup(h.key_heads, [dk, dk, r * dv, r * dv])?;
+    let ba = Rows::take(vb.pp("in_proj_ba"), hidden, 2 * h.value_heads)?;
+    let [b, a] = ba.ungroup(h.key_heads, [r, r])?;
+    let qkv = Rows::concat(&[q, k, v])?;
+    Ok([
+        qkv.into_linear(layout)?,
+        z.into_linear(layout)?,
+        b.into_linear(layout)?,
+        a.into_linear(layout)?,
+    ])
+}
+
+/// An `[out, in]` weight as stored, dense or quantized: every array in it
+/// has one row per output, so regrouping outputs is the same row operation
+/// on each.
+enum Rows {
+    Dense(Array),
+    Quantized(QuantizedTensor),
+}
+
+impl Rows {
+    fn take(mut vb: Vars<'_>, input: usize, out: usize) -> Result<Rows> {
+        Ok(match vb.take_quantized(out, input)? {
+            Some(q) => Rows::Quantized(q),
+            None => Rows::Dense(vb.take("weight", &[out, input])?),
+        })
+    }
+
+    fn map(&self, f: impl Fn(&Array) -> Result<Array>) -> Result<Rows> {
+        Ok(match self {
+            Rows::Dense(w) => Rows::Dense(f(w)?),
+            Rows::Quantized(q) => Rows::Quantized(QuantizedTensor {
+                weight: f(&q.weight)?,
+                scales: f(&q.scales)?,
+                biases: f(&q.biases)?,
+                params: q.params,
+            }),
+        })
+    }
+
+    /// The rows as `groups` blocks of parts of `widths` rows each; returns
+    /// each part's rows from every block, in block order.
+    fn ungroup<const N: usize>(&self, groups: usize, widths: [usize; N]) -> Result<[Rows; N]> {
+        let per: usize = widths.iter().sum();
+        let mut start = 0;
+        let parts = widths.map(|w| {
+            let (lo, hi) = (start as i32, (start + w) as i32);
+            start += w;
+            self.map(|a| {
+                let cols = a.dim(1);
+                Ok(a.reshape(&[groups as i32, per as i32, cols])?
+                    .slice_axis(1, lo, hi)?
+                    .reshape(&[(groups * w) as i32, cols])?)
+            })
+        });
+        let mut out = Vec::with_capacity(N);
+        for p in parts {
+            out.push(p?);
+        }
+        Ok(out
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("one part per width")))
+    }
+
+    /// The parts' rows one after another (all dense or all quantized alike).
+    fn concat(parts: &[Rows]) -> Result<Rows> {
+        let pick = |f: &dyn Fn(&Rows) -> Array| -> Result<Array> {
+            let v: Vec<Array> = parts.iter().map(f).collect();
+            Ok(ops::concatenate(&v, 0)?)
+        };
+        Ok(match &parts[0] {
+            Rows::Dense(_) => Rows::Dense(pick(&|p| match p {
+                Rows::Dense(w) => w.clone(),
+                Rows::Quantized(_) => unreachable!("parts of one weight"),
+            })?),
+            Rows::Quantized(q) => {
+                let field = |i: usize| {
+                    pick(&|p| match p {
+                        Rows::Quantized(q) => [&q.weight, &q.scales, &q.biases][i].clone(),
+                        Rows::Dense(_) => unreachable!("parts of one weight"),
+                    })
+                };
+                Rows::Quantized(QuantizedTensor {
+                    weight: field(0)?,
+                    scales: field(1)?,
+                    biases: field(2)?,
+                    params: q.params,
+                })
+            }
+        })
+    }
+
+    fn into_linear(self, layout: LinearLayout) -> Result<Linear> {
+        Ok(match self {
+            // A regrouped copy, so the weight is contiguous for either layout.
+            Rows::Dense(w) => Linear::from_weight(&w.contiguous()?, None, layout)?,
+            Rows::Quantized(q) => Linear::from_quantized(q, None),
+        })
     }
 }
 

@@ -12,7 +12,7 @@ use crate::config::{HybridConfig, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::models::gated_attention::{GatedLayer, load_norm};
-use crate::models::gated_delta::GatedDeltaNet;
+use crate::models::gated_delta::{GatedDeltaNet, InProj};
 use crate::models::layers::{LinearLayout, RmsNorm, embedding, pre_norm_block};
 use crate::models::moe::{FeedForward, MoeConfig, MoeDefaults, Scoring};
 use crate::models::rope::Rope;
@@ -28,7 +28,7 @@ use crate::weights::Weights;
 /// conv means the norms are already shifted and must not be shifted again.
 /// A model without linear layers gives no evidence; mlx-lm then shifts
 /// nothing either, so its norms are still zero-centred.
-fn zero_centred_trunk(h: &HybridConfig, w: &Weights, trunk: &str) -> bool {
+pub(crate) fn zero_centred_trunk(h: &HybridConfig, w: &Weights, trunk: &str) -> bool {
     // Every conv should agree; the majority decides, so a stray one is the
     // tensor the loader names.
     let (mut mlx, mut hf) = (0, 0);
@@ -156,7 +156,14 @@ impl Qwen35 {
                 LayerKind::Full => Layer::Full(GatedLayer::load(c, p, shift, layout, sparse)?),
                 LayerKind::Linear => Layer::Linear(LinearLayer {
                     input_norm: load_norm(p.pp("input_layernorm"), h, eps, shift)?,
-                    mixer: GatedDeltaNet::load(c, hybrid, p.pp("linear_attn"), mlx_conv, layout)?,
+                    mixer: GatedDeltaNet::load(
+                        c,
+                        hybrid,
+                        p.pp("linear_attn"),
+                        InProj::Split,
+                        mlx_conv,
+                        layout,
+                    )?,
                     post_norm: load_norm(p.pp("post_attention_layernorm"), h, eps, shift)?,
                     mlp: FeedForward::load(sparse, p.pp("mlp"), h, c.intermediate_size, layout)?,
                 }),

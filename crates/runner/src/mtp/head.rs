@@ -84,6 +84,22 @@ impl MtpHead {
         Self::load_with(MtpLayout::Qwen, c, w, linear, embed, lm_head, rope, block)
     }
 
+    /// Loads a head of `layout` whose decoder block a family builds itself
+    /// (`load_block(weights, prefix, zero_centred_norms)`), e.g. a MoE layer.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn load_family_block(
+        layout: MtpLayout,
+        c: &ModelConfig,
+        w: &mut Weights,
+        linear: LinearLayout,
+        embed: &Embedding,
+        lm_head: &Linear,
+        rope: &Rope,
+        load_block: impl FnOnce(&mut Weights, &str, bool) -> Result<Rc<dyn HeadBlock>>,
+    ) -> Result<MtpHead> {
+        Self::load_with(layout, c, w, linear, embed, lm_head, rope, load_block)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn load_with(
         layout: MtpLayout,

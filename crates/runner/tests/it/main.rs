@@ -23,6 +23,7 @@ mod hybrid_rewind;
 mod hybrid_spec;
 mod loading;
 mod moe;
+mod moe_families;
 mod mtp_layouts;
 mod parity;
 mod prefix_chat;

@@ -1,0 +1,299 @@
+//! GLM-4.5 / GLM-4.5-Air (`Glm4MoeForCausalLM`): grouped-query attention with
+//! q/k/v biases (none on `o_proj`), optional per-head q/k RMSNorm
+//! (`use_qk_norm`), RoPE over the first `partial_rotary_factor` of each head
+//! in the half-split layout (transformers' `rotate_half`, mlx-lm's
+//! `traditional=False`), dense MLPs before `first_k_dense_replace` and
+//! DeepSeek-style MoE after it (sigmoid router with `e_score_correction_bias`,
+//! `n_group` / `topk_group`, `routed_scaling_factor`, ungated
+//! `shared_experts`); the MTP layer sits at `model.layers.{num_hidden_layers}`
+//! in the DeepSeek layout, its block a MoE decoder layer.
+
+use std::rc::Rc;
+
+use kvcache::{Cache, KvCache};
+use mlx_tensor::Array;
+
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::model::Model;
+use crate::models::attention::AttentionCore;
+use crate::models::layers::{
+    Linear, LinearLayout, RmsNorm, embedding, linear, pre_norm_block, rms_norm,
+};
+use crate::models::moe::{FeedForward, MoeConfig, MoeDefaults, Scoring};
+use crate::models::rope::Rope;
+use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
+use crate::mtp::{HeadBlock, MtpHead, MtpLayout};
+use crate::weights::{Vars, Weights};
+
+/// Builds a GLM-4.5 model.
+pub fn build_glm4_moe(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
+    Ok(Box::new(Glm4Moe::load(c, w, l)?))
+}
+
+/// The MoE block config of a GLM-4.5 `config.json`, refusing the router
+/// variants that are not implemented; transformers' defaults where keys are
+/// absent (`first_k_dense_replace` 1, `norm_topk_prob` true).
+fn moe_config(c: &ModelConfig) -> Result<Option<MoeConfig>> {
+    let raw = &c.raw;
+    for (key, want) in [("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")] {
+        if let Some(v) = raw[key].as_str()
+            && v != want
+        {
+            return Err(c.unsupported_key(
+                key,
+                format!("`{v}` is not implemented (GLM-4.5 routes with `{want}`)"),
+            ));
+        }
+    }
+    let defaults = MoeDefaults {
+        scoring: Scoring::GroupedSigmoid {
+            n_group: 1,
+            topk_group: 1,
+            routed_scaling_factor: 1.0,
+        },
+        norm_topk_prob: true,
+    };
+    let mut moe = MoeConfig::parse(c, defaults)?;
+    if let Some(m) = &mut moe
+        && raw["first_k_dense_replace"].is_null()
+    {
+        m.sparse.first_dense = 1;
+    }
+    Ok(moe)
+}
+
+/// GQA attention with biased q/k/v and an unbiased output projection.
+#[derive(Debug, Clone)]
+struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    core: AttentionCore,
+}
+
+impl Attention {
+    fn load(c: &ModelConfig, mut a: Vars<'_>, layout: LinearLayout) -> Result<Attention> {
+        let (h, d) = (c.hidden_size, c.head_dim);
+        let (nq, nkv) = (c.num_attention_heads, c.num_key_value_heads);
+        let bias = c.attention_bias.unwrap_or(false);
+        let (q_norm, k_norm) = if c.raw["use_qk_norm"].as_bool().unwrap_or(false) {
+            (
+                Some(rms_norm(a.pp("q_norm"), d, c.rms_norm_eps)?),
+                Some(rms_norm(a.pp("k_norm"), d, c.rms_norm_eps)?),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(Attention {
+            q: linear(a.pp("q_proj"), h, nq * d, bias, layout)?,
+            k: linear(a.pp("k_proj"), h, nkv * d, bias, layout)?,
+            v: linear(a.pp("v_proj"), h, nkv * d, bias, layout)?,
+            o: linear(a.pp("o_proj"), nq * d, h, false, layout)?,
+            core: AttentionCore::new(c, q_norm, k_norm),
+        })
+    }
+
+    fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
+        let c = &self.core;
+        let q = c.split(&self.q.forward(x)?, c.heads)?;
+        let k = c.split(&self.k.forward(x)?, c.kv_heads)?;
+        let v = c.split(&self.v.forward(x)?, c.kv_heads)?;
+        self.o.forward(&c.attend(&q, &k, &v, cache, rope)?)
+    }
+
+    fn arrays(&self) -> Vec<Array> {
+        [&self.q, &self.k, &self.v, &self.o]
+            .iter()
+            .flat_map(|l| l.arrays())
+            .collect()
+    }
+}
+
+/// One decoder layer (also the MTP head's block).
+#[derive(Debug, Clone)]
+struct GlmLayer {
+    input_norm: RmsNorm,
+    attn: Attention,
+    post_norm: RmsNorm,
+    ffn: FeedForward,
+}
+
+impl GlmLayer {
+    fn load(
+        c: &ModelConfig,
+        mut vb: Vars<'_>,
+        moe: Option<&MoeConfig>,
+        layout: LinearLayout,
+    ) -> Result<GlmLayer> {
+        let (h, eps) = (c.hidden_size, c.rms_norm_eps);
+        let input_norm = rms_norm(vb.pp("input_layernorm"), h, eps)?;
+        let attn = Attention::load(c, vb.pp("self_attn"), layout)?;
+        let post_norm = rms_norm(vb.pp("post_attention_layernorm"), h, eps)?;
+        let ffn = FeedForward::load(moe, vb.pp("mlp"), h, c.intermediate_size, layout)?;
+        Ok(GlmLayer {
+            input_norm,
+            attn,
+            post_norm,
+            ffn,
+        })
+    }
+
+    fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
+        pre_norm_block(
+            x,
+            &self.input_norm,
+            |n| self.attn.forward(n, cache, rope),
+            &self.post_norm,
+            |h| self.ffn.forward(h),
+        )
+    }
+
+    fn layer_arrays(&self) -> Vec<Array> {
+        let mut v = self.attn.arrays();
+        v.extend(self.ffn.arrays());
+        v
+    }
+}
+
+impl HeadBlock for GlmLayer {
+    fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
+        GlmLayer::forward(self, x, cache, rope)
+    }
+
+    fn arrays(&self) -> Vec<Array> {
+        self.layer_arrays()
+    }
+}
+
+/// A GLM-4.5 decoder.
+#[derive(Debug)]
+pub struct Glm4Moe {
+    ends: TrunkEnds,
+    layers: Vec<GlmLayer>,
+    rope: Rope,
+}
+
+impl Glm4Moe {
+    /// Takes the family's tensors out of `w`, checking every shape against `c`.
+    // Long: reads like the checkpoint: config, trunk, head, MTP, in tensor order.
+    pub fn load(c: &ModelConfig, w: &mut Weights, layout: LinearLayout) -> Result<Glm4Moe> {
+        let moe = moe_config(c)?;
+        let h = c.hidden_size;
+        let tl = w.layout().clone();
+        let mut trunk = w.vars(tl.trunk);
+        let embed = embedding(trunk.pp("embed_tokens"), c.vocab_size, h)?;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let mut stack = trunk.pp("layers");
+        for i in 0..c.num_hidden_layers {
+            let m = moe.as_ref().filter(|m| m.sparse.is_sparse(i));
+            layers.push(GlmLayer::load(c, stack.pp(i), m, layout)?);
+        }
+        drop(stack);
+        let norm = rms_norm(trunk.pp("norm"), h, c.rms_norm_eps)?;
+        let lm_head = load_lm_head(c, w, &embed, layout)?;
+        // transformers' default for GLM-4.5 when the config leaves it out.
+        let factor = if c.raw["partial_rotary_factor"].is_null() {
+            0.5
+        } else {
+            c.partial_rotary_factor
+        };
+        let rope = Rope::new(
+            (c.head_dim as f32 * factor) as usize,
+            c.rope_theta,
+            &c.rope_scaling,
+        )?;
+        let mtp = match MtpLayout::detect(c, |name| w.contains(name)) {
+            Some(MtpLayout::DeepSeek) => {
+                let block = |w: &mut Weights, prefix: &str, _shift: bool| {
+                    let has_moe = w.contains(&format!("{prefix}.mlp.gate.weight"));
+                    let b = GlmLayer::load(
+                        c,
+                        Vars::new(w, prefix),
+                        moe.as_ref().filter(|_| has_moe),
+                        layout,
+                    )?;
+                    Ok(Rc::new(b) as Rc<dyn HeadBlock>)
+                };
+                Some(MtpHead::load_family_block(
+                    MtpLayout::DeepSeek,
+                    c,
+                    w,
+                    layout,
+                    &embed,
+                    &lm_head,
+                    &rope,
+                    block,
+                )?)
+            }
+            Some(other) => {
+                return Err(c.unsupported_key(
+                    "num_nextn_predict_layers",
+                    format!(
+                        "the checkpoint's MTP head has the {} layout, which glm4_moe does not \
+                         use (expected `model.layers.{}.*` with eh_proj)",
+                        other.name(),
+                        c.num_hidden_layers
+                    ),
+                ));
+            }
+            None => {
+                note_missing_mtp(c, w);
+                None
+            }
+        };
+        let m = Glm4Moe {
+            ends: TrunkEnds {
+                config: c.clone(),
+                embed,
+                norm,
+                lm_head,
+                mtp,
+            },
+            layers,
+            rope,
+        };
+        if !w.is_dry() {
+            mlx_tensor::eval(&m.arrays())?;
+        }
+        Ok(m)
+    }
+
+    fn arrays(&self) -> Vec<Array> {
+        let mut v = self.ends.arrays();
+        for l in &self.layers {
+            v.extend(l.layer_arrays());
+        }
+        v
+    }
+}
+
+impl Model for Glm4Moe {
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array> {
+        let mut x = self.ends.embed(tokens, caches.len(), self.layers.len())?;
+        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+            x = layer.forward(&x, cache.as_mut(), &self.rope)?;
+        }
+        self.ends.finish(&x)
+    }
+
+    fn unembed(&self, hidden: &Array) -> Result<Array> {
+        self.ends.unembed(hidden)
+    }
+
+    fn new_caches(&self) -> Vec<Box<dyn Cache>> {
+        self.layers
+            .iter()
+            .map(|_| Box::new(KvCache::new()) as Box<dyn Cache>)
+            .collect()
+    }
+
+    fn config(&self) -> &ModelConfig {
+        &self.ends.config
+    }
+
+    fn mtp_head(&self) -> Option<Box<dyn mtp_draft::DraftHead>> {
+        self.ends.mtp_head()
+    }
+}

@@ -1,0 +1,223 @@
+//! Qwen3-Next and GLM-4.5 beyond `formats.rs` (which checks every folder
+//! token for token against transformers / mlx-lm): bad configs refused with
+//! errors that name the key or tensor, GLM-4.5's optional MTP copies, and
+//! greedy speculation equal to plain decoding at several depths and with
+//! draft models. The folders are the committed fixtures of `cargo xtask
+//! ref-formats` (`xtask/train/ref_moe_families.py`).
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+use runner::{DepthPolicy, GenerateOptions, SamplingOptions, Session};
+
+use serde_json::{Value, json};
+
+use crate::formats::{check_speculation, prepared};
+use crate::strict_loading::{edit_config, refused};
+
+fn fixture(name: &str) -> tempfile::TempDir {
+    prepared(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/formats")
+            .join(name),
+    )
+}
+
+/// Each case edits one key of the fixture's config (`Value::Null` removes it)
+/// and names what the error must mention.
+fn check(folder: &str, key: &str, value: Value, needles: &[&str]) {
+    let dir = fixture(folder);
+    edit_config(dir.path(), |v| {
+        let m = v.as_object_mut().unwrap();
+        if value.is_null() {
+            m.remove(key);
+        } else {
+            m.insert(key.into(), value.clone());
+        }
+    });
+    refused(dir.path(), needles);
+}
+
+#[test]
+fn the_unedited_fixtures_load() {
+    for name in ["qwen3_next-hf-f32", "glm4_moe-hf-f32", "qwen3_next-mlx-q4"] {
+        let dir = fixture(name);
+        runner::load(dir.path(), runner::LoadOptions::default(), |_, _| {})
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+#[test]
+fn qwen3_next_bad_configs_name_the_key_or_tensor() {
+    let q = "qwen3_next-hf-f32";
+    // No linear-attention shapes: the hybrid stack cannot be built.
+    check(
+        q,
+        "linear_num_key_heads",
+        Value::Null,
+        &["linear_num_key_heads"],
+    );
+    // Wider value heads: the fused projection no longer matches its rows.
+    check(
+        q,
+        "linear_value_head_dim",
+        json!(16),
+        &["in_proj_qkvz", "[160, 64]"],
+    );
+    check(
+        q,
+        "linear_num_value_heads",
+        json!(3),
+        &["linear_num_value_heads", "multiple"],
+    );
+    check(q, "decoder_sparse_step", json!(0), &["decoder_sparse_step"]);
+    check(q, "num_experts_per_tok", json!(9), &["num_experts_per_tok"]);
+    // Layer 0 marked dense: its experts are left over, and its dense MLP missing.
+    check(
+        q,
+        "mlp_only_layers",
+        json!([0]),
+        &["model.layers.0.mlp.gate_proj.weight"],
+    );
+}
+
+#[test]
+fn glm4_moe_bad_configs_name_the_key_or_tensor() {
+    let g = "glm4_moe-hf-f32";
+    check(
+        g,
+        "scoring_func",
+        json!("softmax"),
+        &["scoring_func", "softmax"],
+    );
+    check(g, "n_group", json!(3), &["n_group"]);
+    // Without q/k norm or biases the checkpoint's tensors are left over.
+    check(g, "use_qk_norm", json!(false), &["q_norm"]);
+    check(g, "attention_bias", json!(false), &["q_proj.bias"]);
+    // Layer 0 is the dense one: made sparse, its router is missing.
+    check(
+        g,
+        "first_k_dense_replace",
+        json!(0),
+        &["model.layers.0.mlp.gate.weight"],
+    );
+}
+
+/// GLM-4.5's MTP layer may come without its copies of the embedding and the
+/// LM head (`model.layers.{N}.embed_tokens`, `shared_head.head`: llama.cpp
+/// loads both as optional); the head then uses the trunk's, still drafts,
+/// and greedy MTP still equals plain decoding.
+#[test]
+fn glm4_moe_head_without_its_optional_copies_uses_the_trunks() {
+    let dir = fixture("glm4_moe-hf-f32");
+    let path = dir.path().join("model.safetensors");
+    let mut file = mlx_tensor::io::load_safetensors(&path).unwrap();
+    for name in [
+        "model.layers.2.embed_tokens.weight",
+        "model.layers.2.shared_head.head.weight",
+    ] {
+        assert!(
+            file.tensors.remove(name).is_some(),
+            "the fixture has {name}"
+        );
+    }
+    mlx_tensor::io::save_safetensors(&path, file.tensors.iter().map(|(n, a)| (n.as_str(), a)))
+        .unwrap();
+    let m = runner::load(dir.path(), runner::LoadOptions::default(), |_, _| {}).unwrap();
+    assert!(m.model.mtp_head().is_some(), "the MTP head loads");
+    let prompt = [5, 77, 130, 9, 201, 44, 3, 250];
+    check_speculation("glm4_moe-hf-f32 without copies", &m, &prompt);
+}
+
+/// Greedy MTP equals plain greedy decoding at depths 1, 3 and 4 and under the
+/// automatic depth, over 32 tokens (so rejections rewind the recurrent and KV
+/// caches many times), for both families' hub folders; every run drafts.
+#[test]
+fn greedy_mtp_equals_plain_at_every_depth() {
+    let prompt = [5, 77, 130, 9, 201, 44, 3, 250, 18, 99];
+    for name in ["qwen3_next-hf-f32", "glm4_moe-hf-f32"] {
+        let dir = fixture(name);
+        let m = runner::load(dir.path(), runner::LoadOptions::default(), |_, _| {}).unwrap();
+        let model = m.model.as_ref();
+        let stop = AtomicBool::new(false);
+        for depth in [
+            DepthPolicy::Fixed(1),
+            DepthPolicy::Fixed(3),
+            DepthPolicy::Fixed(4),
+            DepthPolicy::Auto { max: 4 },
+        ] {
+            let opts = GenerateOptions {
+                max_tokens: 32,
+                sampling: SamplingOptions::greedy(),
+                depth,
+                ..GenerateOptions::default()
+            };
+            let plain = Session::new(model)
+                .generate(&m.tokenizer, &prompt, &opts, &stop, |_| {})
+                .unwrap();
+            let spec = Session::with_mtp(model)
+                .unwrap()
+                .generate(&m.tokenizer, &prompt, &opts, &stop, |_| {})
+                .unwrap();
+            assert_eq!(spec.token_ids, plain.token_ids, "{name} at {depth:?}");
+            let s = spec.speculation.expect("speculation figures");
+            assert!(s.drafted > 0, "{name} at {depth:?}: nothing drafted");
+        }
+    }
+}
+
+/// The random MTP heads above accept almost nothing (each round keeps only
+/// the correction token), so keeping several drafts of a round is exercised
+/// with draft models: the model itself (every draft accepted), and for
+/// GLM-4.5 its 4-bit mlx-lm conversion (the same weights rounded: some drafts
+/// accepted, some not). Greedy output must equal plain decoding. Qwen3-Next
+/// has no lossy draft here: a hybrid draft model cannot yet rewind its own
+/// recurrent caches after a rejection (`drafter/draft_model.rs` schedules no
+/// snapshots), a drafter limitation that Qwen3.5 shares.
+#[test]
+fn draft_model_speculation_keeps_part_of_a_round_and_equals_plain() {
+    let prompt = [5, 77, 130, 9, 201, 44, 3, 250, 18, 99];
+    for (family, lossy) in [("qwen3_next", None), ("glm4_moe", Some("mlx-q4"))] {
+        let load = |d: &Path| runner::load(d, runner::LoadOptions::default(), |_, _| {}).unwrap();
+        let target_dir = fixture(&format!("{family}-hf-f32"));
+        let target = load(target_dir.path());
+        let lossy_dir = lossy.map(|l| fixture(&format!("{family}-{l}")));
+        let lossy = lossy_dir.as_ref().map(|d| load(d.path()));
+        let opts = GenerateOptions {
+            max_tokens: 32,
+            sampling: SamplingOptions::greedy(),
+            depth: DepthPolicy::Fixed(3),
+            ..GenerateOptions::default()
+        };
+        let stop = AtomicBool::new(false);
+        let model = target.model.as_ref();
+        let plain = Session::new(model)
+            .generate(&target.tokenizer, &prompt, &opts, &stop, |_| {})
+            .unwrap();
+        let mut drafts = vec![("itself", model)];
+        drafts.extend(lossy.as_ref().map(|m| ("its q4", m.model.as_ref())));
+        for (what, draft) in drafts {
+            let spec = Session::with_draft_model(model, draft)
+                .generate(&target.tokenizer, &prompt, &opts, &stop, |_| {})
+                .unwrap();
+            assert_eq!(
+                spec.token_ids, plain.token_ids,
+                "{family} drafted by {what}"
+            );
+            let s = spec.speculation.expect("speculation figures");
+            if what == "itself" {
+                assert_eq!(
+                    s.accepted, s.drafted,
+                    "{family}: a self-draft is always accepted"
+                );
+            } else {
+                assert!(
+                    0 < s.accepted && s.accepted < s.drafted,
+                    "{family} drafted by {what}: {} of {} accepted, want some of them",
+                    s.accepted,
+                    s.drafted
+                );
+            }
+        }
+    }
+}
