@@ -50,9 +50,9 @@ const SEED_DEPTH: usize = 1;
 /// Timings kept at the seed depth, then at depth 0, before modelling: a
 /// median of three survives one stalled round.
 const SEED_ROUNDS: usize = 3;
-/// How much dearer than modelled a depth's first round must be to count as
-/// paying for kernels built on first use rather than as a cost sample.
-const FIRST_USE_FACTOR: f64 = 3.0;
+/// How much dearer than modelled a round must be to be held back as a stall
+/// (see [`DepthController::record`]).
+const STALL_FACTOR: f64 = 3.0;
 /// Rounds between probes right after the choice moved, and the cap the
 /// interval doubles up to while probes leave it alone.
 const PROBE_MIN: u64 = 8;
@@ -73,7 +73,6 @@ pub(crate) struct Learned {
     policy: DepthPolicy,
     acceptance: Acceptance,
     cost: CostModel,
-    warmed: Vec<bool>,
     best: usize,
 }
 
@@ -105,8 +104,8 @@ pub(crate) struct DepthController {
     last: Option<usize>,
     /// Plain rounds since the last drafted one.
     plain_run: usize,
-    /// `warmed[d]`: a depth-`d` round has run in this request.
-    warmed: Vec<bool>,
+    /// `held[d]`: the last depth-`d` round was held back as a stall.
+    held: Vec<bool>,
 }
 
 impl DepthController {
@@ -122,7 +121,6 @@ impl DepthController {
         if let Some(l) = learned.filter(|l| l.policy == policy) {
             d.acceptance = l.acceptance.carried(CARRIED_ACCEPTANCE);
             d.cost = l.cost.clone();
-            d.warmed.clone_from(&l.warmed);
             d.best = l.best;
         }
         d
@@ -135,7 +133,6 @@ impl DepthController {
             policy: self.policy,
             acceptance: self.acceptance.clone(),
             cost: self.cost.clone(),
-            warmed: self.warmed.clone(),
             best: self.best,
         })
     }
@@ -157,7 +154,7 @@ impl DepthController {
             probe: None,
             last: None,
             plain_run: 0,
-            warmed: vec![false; max + 1],
+            held: vec![false; max + 1],
         }
     }
 
@@ -267,37 +264,39 @@ impl DepthController {
     /// pairs, a draft model its pending tokens; first of all, the prompt's).
     /// Its excess over the depth's median is charged to those plain tokens.
     ///
-    /// Nor is the first round of a drafting depth when it took over
-    /// [`FIRST_USE_FACTOR`] times the modelled cost: it paid for kernels that
-    /// build on first use of its shapes (NVRTC on CUDA, pipeline states on
-    /// Metal), seconds that one sample would charge to the depth for the rest
-    /// of the request.
+    /// A round over [`STALL_FACTOR`] times its depth's modelled cost is held
+    /// back once: such stalls are kernels built on first use of an op or a
+    /// shape (NVRTC on CUDA, pipeline states on Metal; seconds in a fresh
+    /// process), and one sample would charge them to the depth for the rest
+    /// of the request. A second such round in a row at that depth is a real
+    /// change (a loaded machine) and counts.
     pub(crate) fn record(&mut self, drafted: usize, accepted: usize, seconds: f64) {
         let catch_up = drafted > 0 && self.last.is_none_or(|l| l == 0);
-        let first = drafted > 0
-            && self
-                .warmed
-                .get_mut(drafted)
-                .is_some_and(|w| !std::mem::replace(w, true))
-            && self
-                .cost
-                .costs()
-                .get(drafted)
-                .copied()
-                .flatten()
-                .is_some_and(|c| seconds > FIRST_USE_FACTOR * c);
+        let stall = self
+            .cost
+            .costs()
+            .get(drafted)
+            .copied()
+            .flatten()
+            .is_some_and(|c| seconds > STALL_FACTOR * c);
+        // Held back when a stall follows a round that was not held.
+        let held = self.held.get_mut(drafted).is_some_and(|h| {
+            let hold = stall && !*h;
+            *h = hold;
+            hold
+        });
         tracing::trace!(
             drafted,
             accepted,
             ms = seconds * 1e3,
             catch_up,
-            first,
+            held,
             "round"
         );
         self.acceptance.observe(drafted, accepted);
         if catch_up {
             self.cost.observe_catch_up(drafted, self.plain_run, seconds);
-        } else if !first {
+        } else if !held {
             self.cost.observe(drafted, seconds);
         }
         self.plain_run = if drafted == 0 { self.plain_run + 1 } else { 0 };
@@ -349,7 +348,7 @@ mod tests {
     }
 
     #[test]
-    fn a_first_round_far_dearer_than_modelled_is_not_a_cost_sample() {
+    fn a_round_far_dearer_than_modelled_is_held_back_once() {
         let mut d = DepthController::new(DepthPolicy::Auto { max: 4 });
         // Depth 1 after the prompt (a catch-up), depth 3 twice: its first
         // round paid for kernels built on first use. Depth 2's first round
@@ -368,6 +367,12 @@ mod tests {
         assert_eq!(d.cost.count(3), 2);
         assert_eq!(d.cost.median(3), Some(0.0305));
         assert_eq!(d.cost.count(2), 1);
+        // Stalls at depth 3 again: the first is held back, a second in a
+        // row counts (the machine got slower), a third is held back again.
+        for s in [1.0, 1.0, 1.0] {
+            d.record(3, 3, s);
+        }
+        assert_eq!(d.cost.count(3), 3);
     }
 
     #[test]

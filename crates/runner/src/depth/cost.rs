@@ -11,6 +11,8 @@
 
 use std::collections::VecDeque;
 
+/// A sample over this many times its window's fastest is a stall.
+pub(crate) const STALL_FACTOR: f64 = 3.0;
 /// Wall times kept per depth. The median of a window shrugs off a stall of
 /// the shared host; a short window follows a load that changes.
 pub(crate) const WINDOW: usize = 9;
@@ -56,12 +58,19 @@ impl Window {
         self.samples.len()
     }
 
-    /// The median, if any sample is held.
+    /// The median of the samples within [`STALL_FACTOR`] of the fastest, if
+    /// any sample is held. Stalls only ever slow a round down (a kernel built
+    /// on first use, the host busy elsewhere), so a sample several times the
+    /// fastest one is a stall, not the depth's cost; a lasting slowdown
+    /// takes over once the fast samples leave the window.
     pub(crate) fn median(&self) -> Option<f64> {
-        if self.samples.is_empty() {
-            return None;
-        }
-        let mut v: Vec<f64> = self.samples.iter().copied().collect();
+        let fastest = self.samples.iter().copied().reduce(f64::min)?;
+        let mut v: Vec<f64> = self
+            .samples
+            .iter()
+            .copied()
+            .filter(|&x| x <= STALL_FACTOR * fastest)
+            .collect();
         v.sort_by(f64::total_cmp);
         let m = v.len() / 2;
         Some(if v.len() % 2 == 1 {
@@ -204,9 +213,15 @@ mod tests {
         for s in [0.010, 0.011, 1.0, 0.009] {
             c.observe(1, s);
         }
-        // The mean of the middle two of four, to rounding.
-        let m = c.median(1).unwrap();
-        assert!((m - 0.0105).abs() < 1e-15, "median {m}");
+        // The 1 s stall (over 3× the fastest) is left out: the median of
+        // the other three.
+        assert_eq!(c.median(1), Some(0.010));
+        // Just over 3× the fastest is a stall too.
+        let mut c = CostModel::new(2, WINDOW);
+        for s in [0.010, 0.011, 0.031, 0.012] {
+            c.observe(1, s);
+        }
+        assert_eq!(c.median(1), Some(0.011));
     }
 
     #[test]
