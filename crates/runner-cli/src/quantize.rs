@@ -1,11 +1,11 @@
-//! `mtp-runner quantize`: arguments and output around `runner::quant::quantize_folder`.
+//! `mtp-runner quantize`: arguments and output around `runner::quantize::quantize_folder`.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use runner::quant::{QuantizeOptions, QuantizeReport, quantize_folder_cancellable};
+use runner::quantize::{QuantizeOptions, QuantizeReport, quantize_folder_cancellable};
 use serde::Serialize;
 
 /// Examples shown after `quantize --help`.

@@ -4,14 +4,14 @@ use mlx_tensor::Array;
 
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::model::Model;
+use crate::models::Model;
 use crate::models::attention::AttentionCore;
 use crate::models::layers::{
     Linear, LinearLayout, Mlp, RmsNorm, embedding, linear, pre_norm_block, rms_norm,
 };
+use crate::models::mtp::{MtpHead, MtpLayout};
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
-use crate::mtp::{MtpHead, MtpLayout};
 use crate::weights::{Vars, Weights};
 use kvcache::{Cache, KvCache, RotatingKvCache};
 

@@ -8,13 +8,13 @@ use mlx_tensor::Array;
 
 use crate::config::{HybridConfig, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::models::Model;
 use crate::models::gated_attention::{GatedLayer, load_norm};
 use crate::models::gated_delta::GatedDeltaNet;
 use crate::models::layers::{LinearLayout, Mlp, RmsNorm, embedding, pre_norm_block};
+use crate::models::mtp::{MtpHead, MtpLayout};
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
-use crate::mtp::{MtpHead, MtpLayout};
 use crate::weights::Weights;
 
 /// Whether the trunk's RMSNorms are stored zero-centred (`x · (1 + w)`, as

@@ -8,7 +8,8 @@ use std::path::Path;
 
 use mlx_tensor::{Array, Dtype, ops};
 use runner::SamplingOptions as Options;
-use runner::quant::{QuantConfig, QuantParams, QuantizeOptions, quantize_folder};
+use runner::quant::{QuantConfig, QuantParams};
+use runner::quantize::{QuantizeOptions, quantize_folder};
 use runner::testing::{Arch, Fixture};
 use runner::{GenerateOptions, Model, Session};
 use serde_json::{Value, json};

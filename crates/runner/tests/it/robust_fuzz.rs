@@ -111,7 +111,7 @@ proptest! {
                 for d in [c.hidden_size, c.intermediate_size, c.vocab_size, c.head_dim * c.num_attention_heads] {
                     prop_assert!(d <= i32::MAX as usize, "{} in {}", d, v);
                 }
-                let _ = runner::model::lookup(&c);
+                let _ = runner::models::registry::lookup(&c);
             }
             Err(err) => prop_assert!(err.to_string().contains("m/config.json"), "{}", err),
         }

@@ -9,7 +9,7 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
-use runner::quant::{QuantizeOptions, quantize_folder};
+use runner::quantize::{QuantizeOptions, quantize_folder};
 use runner::testing::{Arch, Fixture};
 use runner::{Error, LoadOptions};
 use serde_json::json;
