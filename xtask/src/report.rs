@@ -19,7 +19,7 @@ use plotters::prelude::*;
 use serde_json::Value;
 
 /// Redraws README.md and the plots in the folder of `results`.
-pub fn render(results: &Path) -> Result<()> {
+pub(crate) fn render(results: &Path) -> Result<()> {
     let rows = crate::bench::read_rows(results)?;
     let dir = results.parent().context("results file has no folder")?;
     let md = render_into(&rows, dir)?;
@@ -110,7 +110,7 @@ impl Group<'_> {
 }
 
 /// The README text; PNGs are written into `dir`.
-pub fn render_into(rows: &[Value], dir: &Path) -> Result<String> {
+pub(crate) fn render_into(rows: &[Value], dir: &Path) -> Result<String> {
     let mut groups: BTreeMap<(String, String), Vec<&Value>> = BTreeMap::new();
     for r in rows {
         let key = (
@@ -525,7 +525,7 @@ fn plot_race(race: &[(String, f64, f64)], path: &Path, g: &Group<'_>) -> Result<
 }
 
 /// The PNGs a report in `dir` links to.
-pub fn linked_pngs(md: &str, dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn linked_pngs(md: &str, dir: &Path) -> Vec<PathBuf> {
     md.lines()
         .filter_map(|l| l.strip_prefix("![")?.split_once("](")?.1.strip_suffix(')'))
         .map(|p| dir.join(p))

@@ -9,6 +9,8 @@
 //! `Sync` (cxx's default), which keeps every MLX handle on the thread that made it.
 
 #[allow(unsafe_code)]
+// cxx writes its generated items `pub`; the bridge module itself is `pub(crate)`.
+#[allow(unreachable_pub)]
 #[cxx::bridge(namespace = "mtp_mlx")]
 pub(crate) mod sys {
     unsafe extern "C++" {

@@ -32,7 +32,7 @@ impl TokenIds {
 
 /// `rope_scaling` as found in config.json (`type` or `rope_type` names the kind).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct RopeScalingRaw {
+pub(crate) struct RopeScalingRaw {
     /// The kind, old spelling.
     #[serde(rename = "type")]
     pub kind: Option<String>,

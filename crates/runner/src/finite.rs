@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 
 /// Why a model's logits may be non-finite, given how it is run.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Causes {
+pub(crate) struct Causes {
     /// The compute dtype.
     pub dtype: Dtype,
     /// The sampling temperature (0 = greedy).
@@ -30,7 +30,7 @@ pub struct Causes {
 
 impl Causes {
     /// The likely causes, most likely first, each with its fix.
-    pub fn explain(&self) -> String {
+    pub(crate) fn explain(&self) -> String {
         let mut out = Vec::new();
         if self.temperature > 0.0 && self.temperature < 1e-3 {
             out.push(format!(
@@ -62,7 +62,7 @@ impl Causes {
 /// A sample and its finiteness flag, both lazy; [`Checked::read`] reads them
 /// with one sync. The token array stays a valid id for the next forward.
 #[derive(Debug, Clone)]
-pub struct Checked {
+pub(crate) struct Checked {
     /// The sampled token `[1]` u32 (for the next forward's input).
     pub token: Array,
     /// `[token, flag]` u32, flag 1 when the row was finite.
@@ -74,7 +74,7 @@ pub struct Checked {
 
 /// Whether each row of `logits` (`[R, V]` or `[V]`) is finite after the
 /// temperature scaling the sampler applies: `[R]` u32, 1 for finite.
-pub fn rows_finite(logits: &Array, opts: &Options) -> Result<Array> {
+pub(crate) fn rows_finite(logits: &Array, opts: &Options) -> Result<Array> {
     let v = logits.dim(-1);
     let rows = logits.reshape(&[-1, v])?.as_type(Dtype::Float32)?;
     let scaled = if opts.is_greedy() {
@@ -91,7 +91,7 @@ pub fn rows_finite(logits: &Array, opts: &Options) -> Result<Array> {
 
 /// `token` (the `[1]` sample of the one row of `logits`, for sequence
 /// position `position`) with its flag; `dtype` is the compute dtype.
-pub fn check(
+pub(crate) fn check(
     logits: &Array,
     token: &Array,
     opts: &Options,
@@ -113,13 +113,13 @@ pub fn check(
 
 impl Checked {
     /// Schedules the token and the flag together.
-    pub fn async_eval(&self) -> Result<()> {
+    pub(crate) fn async_eval(&self) -> Result<()> {
         mlx_tensor::async_eval(&[self.token.clone(), self.both.clone()])?;
         Ok(())
     }
 
     /// The token id (one sync), or [`Error::NonFiniteLogits`].
-    pub fn read(&self) -> Result<u32> {
+    pub(crate) fn read(&self) -> Result<u32> {
         let v = self.both.to_vec::<u32>()?;
         if v[1] == 0 {
             return Err(Error::NonFiniteLogits {
@@ -134,7 +134,7 @@ impl Checked {
 /// [`Acceptance::read_emitted`] with the finiteness of the target rows read
 /// in the same sync: an error when a row the outcome depends on (rows
 /// `0..=accepted`) was not finite. `pos` is the position of row 0.
-pub fn read_emitted(
+pub(crate) fn read_emitted(
     acceptance: &Acceptance,
     logits: &Array,
     opts: &Options,

@@ -4,13 +4,13 @@
 pub(crate) mod attention;
 pub(crate) mod gated_attention;
 pub(crate) mod gated_delta;
-pub mod layers;
-pub mod llama;
-pub mod mtp;
-pub mod qwen3_5;
-pub mod registry;
-pub mod rope;
-pub mod sdpa;
+pub(crate) mod layers;
+pub(crate) mod llama;
+pub(crate) mod mtp;
+pub(crate) mod qwen3_5;
+pub(crate) mod registry;
+pub(crate) mod rope;
+pub(crate) mod sdpa;
 pub(crate) mod skinny;
 pub(crate) mod trunk_ends;
 

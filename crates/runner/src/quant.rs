@@ -26,9 +26,9 @@ use serde_json::Value;
 use crate::error::{Error, Result, read_json};
 
 /// Bit widths MLX's affine kernels implement.
-pub const SUPPORTED_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];
+pub(crate) const SUPPORTED_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];
 /// Group sizes MLX's affine kernels implement.
-pub const SUPPORTED_GROUP_SIZES: [u32; 3] = [32, 64, 128];
+pub(crate) const SUPPORTED_GROUP_SIZES: [u32; 3] = [32, 64, 128];
 
 /// How one module is quantized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -109,8 +109,8 @@ pub(crate) fn is_mtp_module(path: &str, num_hidden_layers: usize) -> bool {
 /// copy), the tokenizer and generation files, and a README.md saying how it
 /// was made. `dst` must not exist or be empty.
 ///
-/// The folder is written as a [`StagedDir`]: claimed before the long work,
-/// filled in a hidden sibling and renamed into place only when complete, so
+/// The folder is staged: claimed before the long work, filled in a hidden
+/// sibling and renamed into place only when complete, so
 /// it is never seen without its last files and two runs into one `dst`
 /// cannot both succeed.
 pub fn quantize_folder(src: &Path, dst: &Path, opts: &QuantizeOptions) -> Result<QuantizeReport> {

@@ -37,7 +37,7 @@ fn plain_of<'a>(rows: &[&'a Value], r: &Value) -> Option<&'a Value> {
 
 /// Appends the spec-scale tables and plots of `g` (nothing when it has no such rows).
 // Long: one report section: its tables in order.
-pub fn section(md: &mut String, g: &Group<'_>, dir: &Path, slug: &str) -> Result<()> {
+pub(super) fn section(md: &mut String, g: &Group<'_>, dir: &Path, slug: &str) -> Result<()> {
     let all: Vec<&Value> = g.suite("spec-scale").collect();
     let mut decode: Vec<&Value> = all
         .iter()

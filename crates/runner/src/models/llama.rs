@@ -17,7 +17,7 @@ use kvcache::{Cache, KvCache, RotatingKvCache};
 
 /// What distinguishes the members of the family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Variant {
+pub(crate) struct Variant {
     /// q/k/v projections carry a bias (Qwen2).
     pub qkv_bias: bool,
     /// Per-head RMSNorm of q and k before RoPE (Qwen3).
@@ -28,7 +28,7 @@ pub struct Variant {
 
 /// How a member of the family reads `sliding_window` (transformers' rules).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WindowRule {
+pub(crate) enum WindowRule {
     /// No sliding window (Llama).
     Never,
     /// Every layer, when `sliding_window` is set (Mistral).
@@ -45,12 +45,20 @@ const LLAMA: Variant = Variant {
 };
 
 /// Builds Llama (`attention_bias` puts a bias on q/k/v/o, `mlp_bias` on the MLP).
-pub fn build_llama(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
+pub(crate) fn build_llama(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
     Ok(Box::new(Llama::load(c, w, LLAMA, l)?))
 }
 
 /// Builds Mistral: Llama with `sliding_window` attention on every layer.
-pub fn build_mistral(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
+pub(crate) fn build_mistral(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
     let v = Variant {
         window: WindowRule::Always,
         ..LLAMA
@@ -59,7 +67,11 @@ pub fn build_mistral(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Resul
 }
 
 /// Builds Qwen2 / Qwen2.5, and MiMo (a Qwen2 trunk with `model.mtp_layers.*`).
-pub fn build_qwen2(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
+pub(crate) fn build_qwen2(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
     let v = Variant {
         qkv_bias: true,
         window: WindowRule::LayerTypes,
@@ -69,7 +81,11 @@ pub fn build_qwen2(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<
 }
 
 /// Builds Qwen3.
-pub fn build_qwen3(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
+pub(crate) fn build_qwen3(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
     let v = Variant {
         qk_norm: true,
         window: WindowRule::LayerTypes,
@@ -271,7 +287,7 @@ impl Layer {
 
 /// A Llama-family decoder.
 #[derive(Debug)]
-pub struct Llama {
+pub(crate) struct Llama {
     ends: TrunkEnds,
     layers: Vec<Layer>,
     rope: Rope,
@@ -281,7 +297,7 @@ pub struct Llama {
 
 impl Llama {
     /// Takes the family's tensors out of `w`, checking every shape against `c`.
-    pub fn load(
+    pub(crate) fn load(
         c: &ModelConfig,
         w: &mut Weights,
         variant: Variant,

@@ -16,5 +16,5 @@
 mod head;
 mod layout;
 
-pub use head::MtpHead;
+pub(crate) use head::MtpHead;
 pub use layout::{MtpLayout, zero_centred_norms};

@@ -52,7 +52,11 @@ fn zero_centred_trunk(h: &HybridConfig, w: &Weights, trunk: &str) -> bool {
 }
 
 /// Builds a Qwen3.5 dense text model.
-pub fn build_qwen3_5(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
+pub(crate) fn build_qwen3_5(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
     Ok(Box::new(Qwen35::load(c, w, l)?))
 }
 
@@ -73,7 +77,7 @@ enum Layer {
 
 /// A Qwen3.5 hybrid decoder.
 #[derive(Debug)]
-pub struct Qwen35 {
+pub(crate) struct Qwen35 {
     ends: TrunkEnds,
     layers: Vec<Layer>,
     rope: Rope,
@@ -82,7 +86,7 @@ pub struct Qwen35 {
 impl Qwen35 {
     /// Takes the family's tensors out of `w`, checking every shape against `c`.
     // Long: reads like the checkpoint: config refusals, trunk, head, MTP, in tensor order.
-    pub fn load(c: &ModelConfig, w: &mut Weights, layout: LinearLayout) -> Result<Qwen35> {
+    pub(crate) fn load(c: &ModelConfig, w: &mut Weights, layout: LinearLayout) -> Result<Qwen35> {
         let hybrid: &HybridConfig = c.hybrid.as_ref().ok_or_else(|| Error::InvalidConfig {
             path: "config.json".into(),
             key: "layer_types",

@@ -14,8 +14,8 @@ use std::path::Path;
 use mlx_tensor::{Array, Dtype, ops, random};
 use mtp_draft::DraftHead;
 use runner::DepthPolicy;
-use runner::models::mtp::{MtpLayout, zero_centred_norms};
 use runner::testing::{Arch, Fixture, tokenizer_json};
+use runner::testing::{MtpLayout, zero_centred_norms};
 use runner::{Error, GenerateOptions, LoadedModel, ModelConfig, SamplingOptions, Session};
 use serde_json::{Value, json};
 

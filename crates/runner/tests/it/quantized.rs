@@ -8,10 +8,10 @@ use std::path::Path;
 
 use mlx_tensor::{Array, Dtype, ops};
 use runner::SamplingOptions as Options;
-use runner::quant::{QuantConfig, QuantParams};
-use runner::quantize::{QuantizeOptions, quantize_folder};
 use runner::testing::{Arch, Fixture};
+use runner::testing::{QuantConfig, QuantParams};
 use runner::{GenerateOptions, Model, Session};
+use runner::{QuantizeOptions, quantize_folder};
 use serde_json::{Value, json};
 
 fn tokens(n: usize) -> Vec<u32> {
@@ -480,9 +480,8 @@ fn quantization_blocks_parse_as_mlx_lm_writes_them() {
 /// for outputs of order 1).
 #[test]
 fn quantized_layers_match_dense_layers_on_the_dequantized_matrix() {
-    use runner::models::layers::{Embedding, Linear, LinearLayout};
-    use runner::quant::QuantizedTensor;
-    use runner::weights::Weights;
+    use runner::LinearLayout;
+    use runner::testing::{Embedding, Linear, QuantizedTensor, Weights};
     let key = mlx_tensor::random::key(9).unwrap();
     let dense = mlx_tensor::random::normal(&[48, 64], Dtype::Float32, &key).unwrap();
     let params = p64();

@@ -9,9 +9,9 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
-use runner::quantize::{QuantizeOptions, quantize_folder};
 use runner::testing::{Arch, Fixture};
 use runner::{Error, LoadOptions};
+use runner::{QuantizeOptions, quantize_folder};
 use serde_json::json;
 
 fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {

@@ -21,7 +21,7 @@ use crate::weights::{Vars, Weights};
 /// decoder block at draft-cache slot `position + i`, and normalises; the
 /// result predicts the token after `t[i]`.
 #[derive(Debug)]
-pub struct MtpHead {
+pub(crate) struct MtpHead {
     layout: MtpLayout,
     embed: Embedding,
     embed_norm: RmsNorm,
@@ -40,7 +40,7 @@ impl MtpHead {
     /// Loads the head of `layout` from `w`, sharing `embed` (`[V, H]`) and,
     /// unless the layout carries its own, the trunk's `lm_head`.
     #[allow(clippy::too_many_arguments)]
-    pub fn load(
+    pub(crate) fn load(
         layout: MtpLayout,
         c: &ModelConfig,
         w: &mut Weights,
@@ -63,7 +63,7 @@ impl MtpHead {
 
     /// Loads a Qwen3.5 `mtp.*` head whose block is a gated full-attention
     /// layer (see [`crate::models::gated_attention`]).
-    pub fn load_gated(
+    pub(crate) fn load_gated(
         c: &ModelConfig,
         w: &mut Weights,
         linear: LinearLayout,
@@ -136,7 +136,7 @@ impl MtpHead {
     }
 
     /// A copy sharing every weight, with empty draft caches: one per request.
-    pub fn fresh(&self) -> MtpHead {
+    pub(crate) fn fresh(&self) -> MtpHead {
         MtpHead {
             layout: self.layout,
             embed: self.embed.clone(),
@@ -150,11 +150,6 @@ impl MtpHead {
             caches: vec![Box::new(KvCache::new())],
             hidden_size: self.hidden_size,
         }
-    }
-
-    /// The tensor layout this head was loaded from.
-    pub fn layout(&self) -> MtpLayout {
-        self.layout
     }
 
     fn arrays(&self) -> Vec<Array> {
