@@ -150,7 +150,8 @@ pub(crate) fn read_emitted(
     let flags = rows_finite(logits, opts)?.reshape(&[1, -1])?;
     let all = ops::concatenate(&[packed.clone(), flags], 1)?.to_vec::<u32>()?;
     let (row, flags) = all.split_at(width);
-    let accepted = row[0] as usize;
+    let emitted = acceptance.emitted_from(row);
+    let accepted = emitted.len() - 1;
     if let Some(bad) = flags[..=accepted.min(flags.len() - 1)]
         .iter()
         .position(|&f| f == 0)
@@ -160,8 +161,7 @@ pub(crate) fn read_emitted(
             cause: causes.explain(),
         });
     }
-    // The packed layout: accepted, next, then the emitted tokens.
-    Ok(row[2..2 + accepted + 1].to_vec())
+    Ok(emitted)
 }
 
 #[cfg(test)]

@@ -1,6 +1,10 @@
 //! Helpers shared by the mlx-tensor integration tests: building arrays and comparing results.
 #![allow(dead_code)]
 
+mod own_process;
+
+pub(crate) use own_process::own_process;
+
 use mlx_tensor::{Array, Result};
 
 /// An f32 array from a slice (panics on a shape/data mismatch: that is a broken test).
@@ -74,29 +78,4 @@ pub(crate) fn host_noise(seed: u64, n: usize) -> Vec<f32> {
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
-}
-
-/// Runs `body` in a child process of this test binary, alone (for tests
-/// that measure process-wide state, such as MLX's memory figures, which the
-/// other tests of the one test binary would disturb). `test` is the test's
-/// path (`module::name`); the child runs exactly that test and `body` there.
-pub(crate) fn own_process(test: &str, body: impl FnOnce()) {
-    const CHILD: &str = "MTP_TEST_OWN_PROCESS";
-    if std::env::var_os(CHILD).is_some() {
-        body();
-        return;
-    }
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = std::process::Command::new(exe)
-        .args([test, "--exact", "--test-threads=1", "--nocapture"])
-        .env(CHILD, "1")
-        .output()
-        .expect("the test binary runs again");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("1 passed"),
-        "{test} in its own process: {}\n{stdout}\n{stderr}",
-        out.status
-    );
 }

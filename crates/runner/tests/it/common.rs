@@ -3,6 +3,11 @@
 
 pub(crate) mod chi2;
 pub(crate) mod parity;
+// One copy of the own-process runner, kept with mlx-tensor's test helpers.
+#[path = "../../../mlx-tensor/tests/it/common/own_process.rs"]
+mod own_process;
+
+pub(crate) use own_process::own_process;
 
 use std::path::Path;
 
@@ -60,29 +65,4 @@ pub(crate) fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
-}
-
-/// Runs `body` in a child process of this test binary, alone (for tests
-/// that measure process-wide state, such as MLX's memory figures, which the
-/// other tests of the one test binary would disturb). `test` is the test's
-/// path (`module::name`); the child runs exactly that test and `body` there.
-pub(crate) fn own_process(test: &str, body: impl FnOnce()) {
-    const CHILD: &str = "MTP_TEST_OWN_PROCESS";
-    if std::env::var_os(CHILD).is_some() {
-        body();
-        return;
-    }
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = std::process::Command::new(exe)
-        .args([test, "--exact", "--test-threads=1", "--nocapture"])
-        .env(CHILD, "1")
-        .output()
-        .expect("the test binary runs again");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("1 passed"),
-        "{test} in its own process: {}\n{stdout}\n{stderr}",
-        out.status
-    );
 }

@@ -6,7 +6,9 @@ use super::Generate;
 use std::path::PathBuf;
 
 use runner::DepthPolicy;
-use runner::{FinishReason, GenerateOptions, Generation, LoadedModel, SamplingOptions, Session};
+use runner::{
+    FinishReason, GenerateOptions, Generation, LoadedModel, SamplingOptions, Session, SpecStats,
+};
 use serde_json::Value;
 
 /// Tokens per parity case (what issue 6 asks for).
@@ -98,6 +100,24 @@ pub(crate) fn run(
     g
 }
 
+/// Asserts that `got`, a greedy speculative generation, is `plain` token for
+/// token with the same finish (`case` names it in the messages), and returns
+/// its speculation figures.
+pub(crate) fn same_as_plain<'g>(
+    case: &str,
+    got: &'g Generation,
+    plain: &Generation,
+) -> &'g SpecStats {
+    assert_eq!(
+        got.token_ids, plain.token_ids,
+        "{case}: speculative output differs from plain"
+    );
+    assert_eq!(got.finish, plain.finish, "{case}: finish");
+    got.speculation
+        .as_ref()
+        .unwrap_or_else(|| panic!("{case}: a speculative generation reports speculation"))
+}
+
 /// [`run`] on a fresh plain session.
 pub(crate) fn plain(m: &LoadedModel, prompt: &[u32], opts: &GenerateOptions) -> Generation {
     run(&mut Session::new(m.model.as_ref()), m, prompt, opts)
@@ -158,14 +178,7 @@ pub(crate) fn sweep(m: &LoadedModel, prompts: &[Vec<u32>], tokens: usize) -> ([T
         }
         for (d, depth) in depths().into_iter().enumerate() {
             let got = speculative(m, prompt, &greedy(tokens, depth));
-            assert_eq!(
-                got.token_ids, want.token_ids,
-                "prompt {p} at {depth:?}: speculative output differs from plain"
-            );
-            assert_eq!(got.finish, want.finish, "prompt {p} at {depth:?}");
-            let s = got
-                .speculation
-                .expect("speculative generation reports statistics");
+            let s = same_as_plain(&format!("prompt {p} at {depth:?}"), &got, &want);
             assert_eq!(s.method.as_str(), "mtp");
             assert_eq!(s.depth_over_time.len(), s.rounds);
             if let DepthPolicy::Fixed(k) = depth {
