@@ -3,13 +3,20 @@
 //!
 //! A NaN or infinite logit makes the softmax NaN, and sampling from NaN
 //! returns an arbitrary id (0, often EOS), so without a check a broken step
-//! looks like a normal end. Checking costs no extra host sync: the check is
-//! one reduction per row (`logsumexp` of the temperature-scaled logits, NaN or
-//! infinite exactly when a logit is NaN or `+inf`, or all are `-inf`),
-//! evaluated in the same graph as the sample and read back with it — one
-//! `[2]` array (token, flag) for a plain step ([`Checked`]), or the flag row
-//! appended to the packed acceptance of a speculative round
-//! ([`read_emitted`]).
+//! looks like a normal end. Checking costs no extra host sync: a row is broken
+//! exactly when its temperature-scaled logsumexp (what the sampler's softmax
+//! normalises by) is NaN or infinite, that is when a logit is NaN or `+inf`,
+//! or all are `-inf`; the flag is evaluated in the same graph as the sample
+//! and read back with it — one `[2]` array (token, flag) for a plain step
+//! ([`Checked`]), or the flag row appended to the packed acceptance of a
+//! speculative round ([`read_emitted`]).
+//!
+//! The sampler computes no logsumexp to share (greedy rows take an argmax;
+//! sampled rows take a softmax after top-k masking, which could hide a NaN),
+//! so the flag is made as cheaply as the same condition allows: a greedy
+//! plain step reads one element, the sampled token's own logit (the argmax
+//! picks a NaN, else a `+inf`); every other row takes one `max` pass, no exp
+//! or log.
 //!
 //! robust2 owns this file. Call sites (in `generate.rs` and `speculate.rs`)
 //! are marked `robust2:`.
@@ -74,19 +81,42 @@ pub(crate) struct Checked {
 
 /// Whether each row of `logits` (`[R, V]` or `[V]`) is finite after the
 /// temperature scaling the sampler applies: `[R]` u32, 1 for finite.
+///
+/// The row's maximum decides: MLX's `max` propagates NaN, so it is NaN when
+/// a logit is, `+inf` when one is and `-inf` when all are, exactly when the
+/// logsumexp is not finite. Dividing by a positive temperature is monotone,
+/// so the scaled row overflows exactly when its scaled maximum does.
 pub(crate) fn rows_finite(logits: &Array, opts: &Options) -> Result<Array> {
     let v = logits.dim(-1);
-    let rows = logits.reshape(&[-1, v])?.as_type(Dtype::Float32)?;
+    let top = logits
+        .reshape(&[-1, v])?
+        .max(&[-1], false)?
+        .as_type(Dtype::Float32)?;
     let scaled = if opts.is_greedy() {
-        rows
+        top
     } else {
         // The sampler divides by the temperature; so does the check.
-        rows.divide(&Array::from_f32(opts.temperature)?)?
+        top.divide(&Array::from_f32(opts.temperature)?)?
     };
-    let lse = scaled.logsumexp(&[-1], false)?;
+    finite_flag(&scaled)
+}
+
+/// `[n]` u32: 1 where `x` (`[n]` f32) is finite, 0 where it is NaN or ±inf.
+fn finite_flag(x: &Array) -> Result<Array> {
     // `x · 0` is 0 for every finite x and NaN for NaN and ±inf.
     let zero = Array::from_f32(0.0)?;
-    Ok(lse.multiply(&zero)?.equal(&zero)?.as_type(Dtype::Uint32)?)
+    Ok(x.multiply(&zero)?.equal(&zero)?.as_type(Dtype::Uint32)?)
+}
+
+/// The flag of a greedy `token` sampled from the one row of `logits`: its own
+/// logit, one element. The greedy token is the argmax of the penalised
+/// logits; penalties keep NaN and ±inf as they are, and MLX's argmax picks a
+/// NaN first, else a `+inf`, else (all `-inf`) index 0, so the token's logit
+/// is finite exactly when the row's maximum is.
+fn greedy_token_finite(logits: &Array, token: &Array) -> Result<Array> {
+    let v = logits.dim(-1);
+    let own = logits.reshape(&[v])?.take(&token.reshape(&[1])?, 0)?;
+    finite_flag(&own.as_type(Dtype::Float32)?)
 }
 
 /// `token` (the `[1]` sample of the one row of `logits`, for sequence
@@ -98,7 +128,11 @@ pub(crate) fn check(
     position: usize,
     dtype: Dtype,
 ) -> Result<Checked> {
-    let flag = rows_finite(logits, opts)?;
+    let flag = if opts.is_greedy() {
+        greedy_token_finite(logits, token)?
+    } else {
+        rows_finite(logits, opts)?
+    };
     let both = ops::concatenate(&[token.reshape(&[1])?.as_type(Dtype::Uint32)?, flag], 0)?;
     Ok(Checked {
         token: token.clone(),
@@ -192,6 +226,50 @@ mod tests {
         };
         let e = read(&[0.5, 2.0, 1.0], &tiny).unwrap_err().to_string();
         assert!(e.contains("--temperature 1e-40"), "{e}");
+        Ok(())
+    }
+
+    /// The flag of `logits` (one row) with the token the sampler draws.
+    fn flag(logits: &[f32], opts: &Options) -> Result<u32> {
+        let l = Array::from_slice(logits, &[1, logits.len() as i32])?;
+        let history = sampler::History::new(8);
+        let token = sampler::sample_next(&l, opts, &history, &mlx_tensor::random::key(3)?)?;
+        Ok(check(&l, &token, opts, 0, Dtype::Float32)?
+            .both
+            .to_vec::<u32>()?[1])
+    }
+
+    #[test]
+    fn the_flag_is_the_logsumexp_condition_on_greedy_and_sampled_rows() -> Result<()> {
+        let (nan, inf, ninf) = (f32::NAN, f32::INFINITY, f32::NEG_INFINITY);
+        // (row, finite): a NaN or +inf anywhere, or all -inf, breaks the row,
+        // wherever it sits relative to the largest finite logit; a single
+        // -inf (a masked token) does not.
+        let cases: [(&[f32], bool); 8] = [
+            (&[3.0, 1.0, ninf], true),
+            (&[3.0, nan, 1.0], false),
+            (&[nan, 3.0, 1.0], false),
+            (&[3.0, 1.0, nan], false),
+            (&[3.0, 1.0, inf], false),
+            (&[inf, nan, 1.0], false),
+            (&[ninf, ninf, ninf], false),
+            (&[ninf, 0.0, ninf], true),
+        ];
+        let sampled = Options {
+            temperature: 0.7,
+            ..Options::default()
+        };
+        for opts in [Options::greedy(), sampled] {
+            for (row, finite) in cases {
+                // The control: the logsumexp itself.
+                let lse = Array::from_slice(row, &[1, row.len() as i32])?
+                    .logsumexp(&[-1], false)?
+                    .to_vec::<f32>()?[0];
+                assert_eq!(lse.is_finite(), finite, "control {row:?}");
+                let want = u32::from(finite);
+                assert_eq!(flag(row, &opts)?, want, "{row:?} at T {}", opts.temperature);
+            }
+        }
         Ok(())
     }
 }
