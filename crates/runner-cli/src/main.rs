@@ -42,7 +42,7 @@ const EXIT_INTERRUPTED: u8 = 130;
 const EXIT_OUTPUT_CLOSED: u8 = 141;
 
 /// Counts heap bytes, so a chat template's rendering runs in a bounded arena
-/// (`runner::testing::MAX_MEMORY`).
+/// (`runner::apply_chat_template` stops a rendering past its memory limit).
 #[global_allocator]
 static ALLOC: mlx_tensor::budget::Counting = mlx_tensor::budget::Counting;
 
