@@ -80,10 +80,10 @@ const SUITES: &[Suite] = &[
 ];
 
 /// Where the all-suites run keeps its rows.
-pub const RESULTS: &str = "docs/bench/results.json";
+pub(crate) const RESULTS: &str = "docs/bench/results.json";
 
 /// Dispatches to the named suite, passing the remaining arguments through.
-pub fn run(args: &[String]) -> Result<()> {
+pub(crate) fn run(args: &[String]) -> Result<()> {
     let args = bins::take_flags(args)?;
     match args.first().map(String::as_str) {
         Some("list") => {
@@ -171,7 +171,7 @@ fn all(args: &[String]) -> Result<()> {
 }
 
 /// `row` with the suite, the run's stamp, the MLX device and the command to rerun.
-pub fn stamped(row: Value, suite: &str, stamp: &Value, device: &Value) -> Value {
+pub(crate) fn stamped(row: Value, suite: &str, stamp: &Value, device: &Value) -> Value {
     let mut m = match row {
         Value::Object(m) => m,
         other => [("value".to_owned(), other)].into_iter().collect(),
@@ -193,7 +193,7 @@ pub fn stamped(row: Value, suite: &str, stamp: &Value, device: &Value) -> Value 
 }
 
 /// `old` without the (machine, device, suite) groups that `new` brings, then `new`.
-pub fn merge_rows(old: Vec<Value>, new: Vec<Value>) -> Vec<Value> {
+pub(crate) fn merge_rows(old: Vec<Value>, new: Vec<Value>) -> Vec<Value> {
     let key = |r: &Value| {
         (
             r["machine"].clone(),
@@ -209,7 +209,7 @@ pub fn merge_rows(old: Vec<Value>, new: Vec<Value>) -> Vec<Value> {
 }
 
 /// The rows of a results file (none when it does not exist yet).
-pub fn read_rows(path: &Path) -> Result<Vec<Value>> {
+pub(crate) fn read_rows(path: &Path) -> Result<Vec<Value>> {
     if !path.is_file() {
         return Ok(Vec::new());
     }
@@ -236,7 +236,7 @@ pub fn read_rows(path: &Path) -> Result<Vec<Value>> {
 }
 
 /// Writes `rows` as a results file.
-pub fn write_rows(path: &Path, rows: &[Value]) -> Result<()> {
+pub(crate) fn write_rows(path: &Path, rows: &[Value]) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }

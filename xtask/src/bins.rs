@@ -18,7 +18,7 @@ use crate::cmd;
 
 /// One of our binaries: the package that builds it, whether it is an example, its name.
 #[derive(Debug, Clone, Copy)]
-pub struct Bin {
+pub(crate) struct Bin {
     package: &'static str,
     example: bool,
     /// File name, in `target/release[/examples]` or in `--bin-dir`.
@@ -26,39 +26,39 @@ pub struct Bin {
 }
 
 /// The command-line runner.
-pub const MTP_RUNNER: Bin = Bin {
+pub(crate) const MTP_RUNNER: Bin = Bin {
     package: "runner-cli",
     example: false,
     name: "mtp-runner",
 };
 /// Plain vs speculative decoding per method and depth.
-pub const SPEC_BENCH: Bin = Bin {
+pub(crate) const SPEC_BENCH: Bin = Bin {
     package: "runner",
     example: true,
     name: "spec-bench",
 };
 /// Plain decode tokens/s.
-pub const DECODE_BENCH: Bin = Bin {
+pub(crate) const DECODE_BENCH: Bin = Bin {
     package: "runner",
     example: true,
     name: "decode-bench",
 };
 /// Device info, bandwidth, launch overhead, decode floor.
-pub const BANDWIDTH: Bin = Bin {
+pub(crate) const BANDWIDTH: Bin = Bin {
     package: "runner",
     example: true,
     name: "bandwidth",
 };
 
 /// One model, one dtype: plain and MTP per depth, greedy parity, TTFT (`bench spec-scale`).
-pub const SCALE_BENCH: Bin = Bin {
+pub(crate) const SCALE_BENCH: Bin = Bin {
     package: "runner",
     example: true,
     name: "scale-bench",
 };
 
 /// Every binary the GPU bundle carries (xtask itself aside).
-pub const ALL: &[Bin] = &[MTP_RUNNER, SPEC_BENCH, DECODE_BENCH, BANDWIDTH, SCALE_BENCH];
+pub(crate) const ALL: &[Bin] = &[MTP_RUNNER, SPEC_BENCH, DECODE_BENCH, BANDWIDTH, SCALE_BENCH];
 
 static BIN_DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
 static CUDA_DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
@@ -66,7 +66,7 @@ static BUILT: OnceLock<()> = OnceLock::new();
 
 /// Takes `--bin-dir DIR` and `--mlx-cuda-dir SP` out of `args` (they apply to
 /// the whole process) and returns the rest.
-pub fn take_flags(args: &[String]) -> Result<Vec<String>> {
+pub(crate) fn take_flags(args: &[String]) -> Result<Vec<String>> {
     let (mut bin_dir, mut cuda_dir) = (
         std::env::var_os("MTP_BIN_DIR").map(PathBuf::from),
         std::env::var_os("MTP_MLX_CUDA_DIR").map(PathBuf::from),
@@ -112,12 +112,12 @@ pub fn take_flags(args: &[String]) -> Result<Vec<String>> {
 }
 
 /// The prebuilt folder, when one was given.
-pub fn bin_dir() -> Option<PathBuf> {
+pub(crate) fn bin_dir() -> Option<PathBuf> {
     BIN_DIR.get().cloned().flatten()
 }
 
 /// Where `b` lives: in `--bin-dir`, else in `target/release` after one release build.
-pub fn path(b: Bin) -> Result<PathBuf> {
+pub(crate) fn path(b: Bin) -> Result<PathBuf> {
     if let Some(d) = bin_dir() {
         return Ok(d.join(b.name));
     }
@@ -131,7 +131,7 @@ pub fn path(b: Bin) -> Result<PathBuf> {
 }
 
 /// One `cargo build --release` of every binary in [`ALL`] (once per process).
-pub fn build_all() -> Result<()> {
+pub(crate) fn build_all() -> Result<()> {
     if BUILT.get().is_some() {
         return Ok(());
     }
@@ -152,12 +152,12 @@ pub fn build_all() -> Result<()> {
 }
 
 /// Uses `target/release` as it is, without building.
-pub fn assume_built() {
+pub(crate) fn assume_built() {
     let _ = BUILT.set(());
 }
 
 /// `b` with `args`, started in the workspace root with [`child_env`] applied.
-pub fn command(b: Bin, args: &[String]) -> Result<Command> {
+pub(crate) fn command(b: Bin, args: &[String]) -> Result<Command> {
     let mut c = Command::new(path(b)?);
     c.current_dir(cmd::root()).args(args);
     child_env(&mut c);
@@ -166,7 +166,7 @@ pub fn command(b: Bin, args: &[String]) -> Result<Command> {
 
 /// The MLX CUDA library first in `LD_LIBRARY_PATH` when `--mlx-cuda-dir` was
 /// given, and a persistent PTX cache (NVRTC compiles each kernel once, 2-5 s).
-pub fn child_env(c: &mut Command) {
+pub(crate) fn child_env(c: &mut Command) {
     if let Some(sp) = CUDA_DIR.get().cloned().flatten() {
         let mut paths = vec![sp.join("mlx/lib")];
         if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {

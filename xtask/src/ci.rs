@@ -7,7 +7,7 @@ use anyhow::{Result, bail};
 use crate::{cmd, deps, tidy};
 
 /// fmt check, clippy with `-D warnings`, the dependency-graph and tidy checks, then all tests.
-pub fn run(args: &[String]) -> Result<()> {
+pub(crate) fn run(args: &[String]) -> Result<()> {
     if let Some(a) = args.first() {
         bail!("`ci` takes no arguments (got `{a}`)");
     }

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 /// The workspace root: `$MTP_ROOT` when set, else the parent of `xtask/` when
 /// this binary runs in the checkout it was built from, else the current folder
 /// (a prebuilt xtask started in a copy of the repository, as `gpu.sh` does).
-pub fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     if let Some(r) = std::env::var_os("MTP_ROOT") {
         return PathBuf::from(r);
     }
@@ -24,14 +24,14 @@ pub fn root() -> PathBuf {
 }
 
 /// `cargo` as the one running xtask (respects `$CARGO`), started in the workspace root.
-pub fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     c.current_dir(root());
     c
 }
 
 /// `cargo run --quiet --release -p {package} --example {example} -- {args}`.
-pub fn release_example(package: &str, example: &str, args: &[String]) -> Command {
+pub(crate) fn release_example(package: &str, example: &str, args: &[String]) -> Command {
     let mut c = cargo();
     c.args([
         "run",
@@ -48,7 +48,7 @@ pub fn release_example(package: &str, example: &str, args: &[String]) -> Command
 }
 
 /// Runs `cmd` to completion with inherited output; fails naming `what` when it fails.
-pub fn run(what: &str, cmd: &mut Command) -> Result<()> {
+pub(crate) fn run(what: &str, cmd: &mut Command) -> Result<()> {
     eprintln!("xtask: {what}: {}", show(cmd));
     let start = Instant::now();
     let status = cmd
@@ -65,7 +65,7 @@ pub fn run(what: &str, cmd: &mut Command) -> Result<()> {
 }
 
 /// Runs `cmd` and returns its stdout; fails with its stderr when it fails.
-pub fn output(what: &str, cmd: &mut Command) -> Result<String> {
+pub(crate) fn output(what: &str, cmd: &mut Command) -> Result<String> {
     let out = cmd
         .output()
         .with_context(|| format!("{what}: cannot start `{}`", show(cmd)))?;

@@ -14,14 +14,14 @@ use serde::Deserialize;
 use crate::cmd;
 
 /// Crate name → the workspace crates it depends on (or may depend on).
-pub type Graph = BTreeMap<String, BTreeSet<String>>;
+pub(crate) type Graph = BTreeMap<String, BTreeSet<String>>;
 
 const BEGIN: &str = "<!-- xtask:deps:begin -->";
 const END: &str = "<!-- xtask:deps:end -->";
 const DOC: &str = "docs/ARCHITECTURE.md";
 
 /// `cargo xtask deps`: fails listing every violation.
-pub fn run() -> Result<()> {
+pub(crate) fn run() -> Result<()> {
     let path = cmd::root().join(DOC);
     let md =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -50,7 +50,7 @@ pub fn run() -> Result<()> {
 }
 
 /// Parses the marked table into the allowed graph.
-pub fn parse_table(md: &str) -> Result<Graph> {
+pub(crate) fn parse_table(md: &str) -> Result<Graph> {
     let start = md
         .find(BEGIN)
         .with_context(|| format!("no `{BEGIN}` marker"))?;
@@ -112,7 +112,7 @@ struct Dependency {
 }
 
 /// The workspace-internal graph from `cargo metadata --no-deps` JSON (all dependency kinds).
-pub fn graph_from_metadata(json: &str) -> Result<Graph> {
+pub(crate) fn graph_from_metadata(json: &str) -> Result<Graph> {
     let meta: Metadata = serde_json::from_str(json)?;
     let members: BTreeSet<&str> = meta.packages.iter().map(|p| p.name.as_str()).collect();
     Ok(meta
@@ -132,7 +132,7 @@ pub fn graph_from_metadata(json: &str) -> Result<Graph> {
 }
 
 /// Every way `actual` departs from `allowed`, one message each; empty when they agree.
-pub fn check(allowed: &Graph, actual: &Graph) -> Vec<String> {
+pub(crate) fn check(allowed: &Graph, actual: &Graph) -> Vec<String> {
     let mut problems = Vec::new();
     for (name, deps) in actual {
         let Some(ok) = allowed.get(name) else {

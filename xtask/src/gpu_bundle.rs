@@ -82,7 +82,7 @@ usage: cargo xtask gpu-bundle [--out DIR] [--part-mib N] [--wheels DIR] [--no-bu
 
 /// Builds the bundle and prints the device-call sequence.
 // Long: the bundle's steps in order, each a few lines.
-pub fn run(args: &[String]) -> Result<()> {
+pub(crate) fn run(args: &[String]) -> Result<()> {
     let root = cmd::root();
     let (mut out, mut part_mib, mut wheels, mut build) = (
         root.join(".gpu/bundle"),

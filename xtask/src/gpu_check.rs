@@ -26,10 +26,10 @@ use crate::bins::{self, BANDWIDTH, MTP_RUNNER};
 use crate::{cmd, machine};
 
 /// Exit status when the loaded MLX has no GPU (distinct from pass 0 and fail 1).
-pub const NO_GPU: i32 = 3;
+pub(crate) const NO_GPU: i32 = 3;
 
 /// The CPU reference token streams, relative to the workspace root.
-pub const REFERENCE: &str = "xtask/assets/gpu-reference.json";
+pub(crate) const REFERENCE: &str = "xtask/assets/gpu-reference.json";
 
 const MODEL: &str = "models/tiny-mtp";
 /// The bundled hybrid model, checked for losslessness too (recurrent-state rewind).
@@ -49,7 +49,7 @@ usage: cargo xtask gpu-check [--bin-dir DIR] [--mlx-cuda-dir SP] [--json FILE]
 exit: 0 all checks passed, 1 a check failed (or could not run), 3 no GPU";
 
 /// Runs the checks; exits the process with 1 or [`NO_GPU`] when they do not pass.
-pub fn run(args: &[String]) -> Result<()> {
+pub(crate) fn run(args: &[String]) -> Result<()> {
     let args = bins::take_flags(args)?;
     let (mut json_out, mut record) = (None, false);
     let mut it = args.iter();
@@ -103,7 +103,7 @@ pub fn run(args: &[String]) -> Result<()> {
 }
 
 /// The `device` line of `bandwidth --info`.
-pub fn device_info() -> Result<Value> {
+pub(crate) fn device_info() -> Result<Value> {
     let out = cmd::output(
         "device info",
         &mut bins::command(BANDWIDTH, &["--info".into()])?,
@@ -246,7 +246,7 @@ fn ids(v: &Value) -> Vec<u64> {
 }
 
 /// The first index where the streams differ (a shorter stream differs where it ends).
-pub fn first_divergence(a: &[u64], b: &[u64]) -> Option<usize> {
+pub(crate) fn first_divergence(a: &[u64], b: &[u64]) -> Option<usize> {
     match a.iter().zip(b).position(|(x, y)| x != y) {
         Some(i) => Some(i),
         None if a.len() != b.len() => Some(a.len().min(b.len())),

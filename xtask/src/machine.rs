@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use crate::cmd;
 
 /// The CPU model (`/proc/cpuinfo` on Linux, `sysctl` on macOS), or `unknown CPU`.
-pub fn cpu_model() -> String {
+pub(crate) fn cpu_model() -> String {
     if let Ok(info) = std::fs::read_to_string("/proc/cpuinfo")
         && let Some(line) = info.lines().find(|l| l.starts_with("model name"))
         && let Some((_, name)) = line.split_once(':')
@@ -19,7 +19,7 @@ pub fn cpu_model() -> String {
 }
 
 /// `name, memory, driver` of each NVIDIA GPU from `nvidia-smi`, when there is one.
-pub fn nvidia_gpus() -> Option<String> {
+pub(crate) fn nvidia_gpus() -> Option<String> {
     quiet_output(Command::new("nvidia-smi").args([
         "--query-gpu=name,memory.total,driver_version",
         "--format=csv,noheader",
@@ -28,7 +28,7 @@ pub fn nvidia_gpus() -> Option<String> {
 }
 
 /// The 1-minute load average (Linux), to judge how quiet the machine was.
-pub fn load_average() -> Option<f64> {
+pub(crate) fn load_average() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg")
         .ok()?
         .split_whitespace()
@@ -39,7 +39,7 @@ pub fn load_average() -> Option<f64> {
 
 /// The commit: `$MTP_GIT_COMMIT` (set by `gpu.sh`, whose copy has no `.git`),
 /// else `git rev-parse --short HEAD` with `-dirty` when tracked files differ.
-pub fn commit() -> String {
+pub(crate) fn commit() -> String {
     if let Ok(c) = std::env::var("MTP_GIT_COMMIT") {
         return c;
     }
@@ -59,7 +59,7 @@ pub fn commit() -> String {
 }
 
 /// Now in UTC, `YYYY-MM-DDTHH:MM:SSZ`.
-pub fn now_utc() -> String {
+pub(crate) fn now_utc() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -67,7 +67,7 @@ pub fn now_utc() -> String {
 }
 
 /// `secs` since the Unix epoch as `YYYY-MM-DDTHH:MM:SSZ` (proleptic Gregorian).
-pub fn utc_from_unix(secs: u64) -> String {
+pub(crate) fn utc_from_unix(secs: u64) -> String {
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
     // Howard Hinnant's days-to-civil.
@@ -89,7 +89,7 @@ pub fn utc_from_unix(secs: u64) -> String {
 }
 
 /// One line naming the machine: the GPU(s) when `nvidia-smi` finds any, then the CPU.
-pub fn describe() -> String {
+pub(crate) fn describe() -> String {
     match nvidia_gpus() {
         Some(g) => format!("{g} / {}", cpu_model()),
         None => cpu_model(),
@@ -97,7 +97,7 @@ pub fn describe() -> String {
 }
 
 /// The fields every row gets: machine, date, commit, load average.
-pub fn stamp() -> Value {
+pub(crate) fn stamp() -> Value {
     json!({
         "machine": describe(),
         "date": now_utc(),

@@ -8,7 +8,7 @@ use anyhow::{Result, bail};
 use crate::cmd;
 
 /// The interpreter: `$MTP_PYTHON`, else the venv made by `cargo xtask setup --python`, else `python3`.
-pub fn interpreter() -> PathBuf {
+pub(crate) fn interpreter() -> PathBuf {
     if let Some(p) = std::env::var_os("MTP_PYTHON") {
         return p.into();
     }
@@ -21,7 +21,7 @@ pub fn interpreter() -> PathBuf {
 }
 
 /// Runs `xtask/train/<script>` with `args` passed through unchanged.
-pub fn run_script(script: &str, args: &[String]) -> Result<()> {
+pub(crate) fn run_script(script: &str, args: &[String]) -> Result<()> {
     let path = cmd::root().join("xtask/train").join(script);
     if !path.is_file() {
         bail!(
@@ -35,7 +35,7 @@ pub fn run_script(script: &str, args: &[String]) -> Result<()> {
 }
 
 /// A Python that can `import mlx_lm`: `$MTP_PYTHON`, the setup venv, `/work/venvs/mlx`, or `python3`.
-pub fn mlx_lm_interpreter() -> Option<PathBuf> {
+pub(crate) fn mlx_lm_interpreter() -> Option<PathBuf> {
     let mut candidates = vec![interpreter()];
     candidates.push(PathBuf::from("/work/venvs/mlx/bin/python"));
     candidates.into_iter().find(|py| {

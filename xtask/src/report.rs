@@ -19,7 +19,7 @@ use plotters::prelude::*;
 use serde_json::Value;
 
 /// Redraws README.md and the plots in the folder of `results`.
-pub fn render(results: &Path) -> Result<()> {
+pub(crate) fn render(results: &Path) -> Result<()> {
     let rows = crate::bench::read_rows(results)?;
     let dir = results.parent().context("results file has no folder")?;
     let md = render_into(&rows, dir)?;
@@ -110,7 +110,7 @@ impl Group<'_> {
 }
 
 /// The README text; PNGs are written into `dir`.
-pub fn render_into(rows: &[Value], dir: &Path) -> Result<String> {
+pub(crate) fn render_into(rows: &[Value], dir: &Path) -> Result<String> {
     let mut groups: BTreeMap<(String, String), Vec<&Value>> = BTreeMap::new();
     for r in rows {
         let key = (
@@ -352,16 +352,13 @@ fn depth_x(d: &Value) -> Option<f64> {
     }
 }
 
-/// tokens/s against draft depth, one line per method, plain as a flat line.
-fn plot_depth(spec: &[&Value], path: &Path, g: &Group<'_>) -> Result<()> {
-    let base: Vec<&&Value> = spec.iter().filter(|r| r["model"].is_null()).collect();
-    let ymax = base
-        .iter()
-        .filter_map(|r| r["tokens_per_s"].as_f64())
-        .fold(1.0f64, f64::max)
-        * 1.15;
-    let area = canvas(path, "tokens/s against draft depth", g)?;
-    let mut chart = ChartBuilder::on(&area)
+/// The axes of a tokens/s-against-depth plot on `area`: depths 1..4 and
+/// `auto` across, tokens/s up to `ymax`.
+fn depth_chart<'a, 'b>(
+    area: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+    ymax: f64,
+) -> Result<Chart<'a, 'b>> {
+    let mut chart = ChartBuilder::on(area)
         .margin(16)
         .x_label_area_size(40)
         .y_label_area_size(64)
@@ -379,6 +376,19 @@ fn plot_depth(spec: &[&Value], path: &Path, g: &Group<'_>) -> Result<()> {
         .label_style(("sans-serif", 14))
         .draw()
         .map_err(pe)?;
+    Ok(chart)
+}
+
+/// tokens/s against draft depth, one line per method, plain as a flat line.
+fn plot_depth(spec: &[&Value], path: &Path, g: &Group<'_>) -> Result<()> {
+    let base: Vec<&&Value> = spec.iter().filter(|r| r["model"].is_null()).collect();
+    let ymax = base
+        .iter()
+        .filter_map(|r| r["tokens_per_s"].as_f64())
+        .fold(1.0f64, f64::max)
+        * 1.15;
+    let area = canvas(path, "tokens/s against draft depth", g)?;
+    let mut chart = depth_chart(&area, ymax)?;
     let mut methods: Vec<&str> = base.iter().filter_map(|r| r["method"].as_str()).collect();
     methods.dedup();
     for (i, m) in methods.iter().enumerate() {
@@ -525,7 +535,7 @@ fn plot_race(race: &[(String, f64, f64)], path: &Path, g: &Group<'_>) -> Result<
 }
 
 /// The PNGs a report in `dir` links to.
-pub fn linked_pngs(md: &str, dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn linked_pngs(md: &str, dir: &Path) -> Vec<PathBuf> {
     md.lines()
         .filter_map(|l| l.strip_prefix("![")?.split_once("](")?.1.strip_suffix(')'))
         .map(|p| dir.join(p))

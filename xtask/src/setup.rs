@@ -14,7 +14,7 @@ const OPENBLAS: &[&str] = &[
 ];
 
 /// The reference-tools venv: `$MLX_CACHE_DIR/venv`, else `~/.cache/mtp-runner/venv`.
-pub fn venv_dir() -> PathBuf {
+pub(crate) fn venv_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("MLX_CACHE_DIR") {
         return PathBuf::from(d).join("venv");
     }
@@ -23,11 +23,11 @@ pub fn venv_dir() -> PathBuf {
 }
 
 /// The OpenBLAS library, when installed.
-pub fn openblas_path() -> Option<&'static str> {
+pub(crate) fn openblas_path() -> Option<&'static str> {
     OPENBLAS.iter().copied().find(|p| Path::new(p).is_file())
 }
 
-pub fn run(args: &[String]) -> Result<()> {
+pub(crate) fn run(args: &[String]) -> Result<()> {
     let mut python = false;
     for a in args {
         match a.as_str() {

@@ -9,7 +9,7 @@ use anyhow::Result;
 use crate::cmd;
 
 /// Builds and runs the example, its output streamed.
-pub fn run(args: &[String]) -> Result<()> {
+pub(crate) fn run(args: &[String]) -> Result<()> {
     let mut c = cmd::release_example("runner", "soak", args);
     cmd::run("soak", &mut c)
 }

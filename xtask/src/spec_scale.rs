@@ -134,7 +134,7 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
 }
 
 /// `bench spec-scale`: runs, merges into the results file and redraws.
-pub fn main(args: &[String]) -> Result<()> {
+pub(crate) fn main(args: &[String]) -> Result<()> {
     let device = crate::gpu_check::device_info()?;
     let on_gpu = device["device"] == "gpu";
     let o = parse(args, on_gpu)?;
@@ -169,7 +169,7 @@ pub fn main(args: &[String]) -> Result<()> {
 }
 
 /// The suite entry for `bench all --suites spec-scale` (default options).
-pub fn suite(args: &[String]) -> Result<Vec<Value>> {
+pub(crate) fn suite(args: &[String]) -> Result<Vec<Value>> {
     let device = crate::gpu_check::device_info()?;
     let o = parse(args, device["device"] == "gpu")?;
     run_with(&o, &device)

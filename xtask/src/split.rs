@@ -6,10 +6,10 @@ use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 
 /// Room kept in every part folder for `gpu.sh`, `MANIFEST` and `SHA256SUMS`.
-pub const PART_OVERHEAD: u64 = 64 * 1024;
+pub(crate) const PART_OVERHEAD: u64 = 64 * 1024;
 
 /// Byte ranges `[start, end)` of `total` bytes in chunks of at most `chunk` bytes.
-pub fn ranges(total: u64, chunk: u64) -> Vec<(u64, u64)> {
+pub(crate) fn ranges(total: u64, chunk: u64) -> Vec<(u64, u64)> {
     assert!(chunk > 0, "chunk size must be positive");
     (0..total.div_ceil(chunk))
         .map(|i| (i * chunk, ((i + 1) * chunk).min(total)))
@@ -17,7 +17,7 @@ pub fn ranges(total: u64, chunk: u64) -> Vec<(u64, u64)> {
 }
 
 /// Hex sha256 of `bytes`.
-pub fn sha256_hex(bytes: &[u8]) -> String {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes)
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -28,7 +28,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// (`<name>.00`, `.01`, ...) plus `extra` files (name, bytes) and a
 /// `SHA256SUMS` of every chunk; every folder stays within `part_bytes`.
 /// Returns the part folders in order.
-pub fn write_parts(
+pub(crate) fn write_parts(
     file: &Path,
     out: &Path,
     part_bytes: u64,
@@ -76,7 +76,7 @@ pub fn write_parts(
 }
 
 /// Total bytes of the files directly inside `dir`.
-pub fn dir_bytes(dir: &Path) -> Result<u64> {
+pub(crate) fn dir_bytes(dir: &Path) -> Result<u64> {
     let mut total = 0;
     for e in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         total += e?.metadata()?.len();

@@ -18,23 +18,17 @@ use anyhow::{Context, Result, bail};
 use crate::cmd;
 
 /// Longest function body (lines, signature to closing brace) without a reason.
-pub const MAX_FN_LINES: usize = 80;
+pub(crate) const MAX_FN_LINES: usize = 80;
 
 /// Crates whose top-level modules must not form a cycle.
 const ACYCLIC: &[&str] = &["runner", "runner-cli"];
 
 /// Module cycles that are known and owned by another change (checked to
 /// still exist, so the entry is dropped once the cycle is gone).
-const KNOWN_CYCLES: &[(&str, &str)] = &[
-    // Model loading (the registry, MTP layouts and quantized weights) is
-    // being reshaped separately; these close when it lands.
-    ("runner", "model -> models"),
-    ("runner", "models -> mtp"),
-    ("runner", "quant -> weights"),
-];
+const KNOWN_CYCLES: &[(&str, &str)] = &[];
 
 /// `cargo xtask tidy`: fails listing every violation.
-pub fn run() -> Result<()> {
+pub(crate) fn run() -> Result<()> {
     let problems = check(&cmd::root())?;
     if !problems.is_empty() {
         bail!("tidy:\n  - {}", problems.join("\n  - "));
@@ -44,7 +38,7 @@ pub fn run() -> Result<()> {
 }
 
 /// Every violation under the workspace at `root`.
-pub fn check(root: &Path) -> Result<Vec<String>> {
+pub(crate) fn check(root: &Path) -> Result<Vec<String>> {
     let mut problems = Vec::new();
     let crates = crate_dirs(root)?;
     for dir in crates.iter().chain(std::iter::once(&root.join("xtask"))) {
@@ -135,12 +129,12 @@ fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Whether the first line is a `//!` doc line.
-pub fn opens_with_doc(text: &str) -> bool {
+pub(crate) fn opens_with_doc(text: &str) -> bool {
     text.lines().next().is_some_and(|l| l.starts_with("//!"))
 }
 
 /// Lines (from 1) that compare a `kind()` with a string literal.
-pub fn kind_string_logic(text: &str) -> Vec<usize> {
+pub(crate) fn kind_string_logic(text: &str) -> Vec<usize> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| {
@@ -154,7 +148,7 @@ pub fn kind_string_logic(text: &str) -> Vec<usize> {
 /// `text` with comments, string and char literals blanked out (same
 /// length and line breaks), so braces can be counted.
 // Long: one small lexer, a branch per kind of literal or comment.
-pub fn code_only(text: &str) -> String {
+pub(crate) fn code_only(text: &str) -> String {
     let b: Vec<char> = text.chars().collect();
     let mut out = String::with_capacity(text.len());
     let mut i = 0;
@@ -254,7 +248,7 @@ fn ident_before(b: &[char], i: usize) -> bool {
 
 /// `(line, name, lines)` of every function over [`MAX_FN_LINES`] lines
 /// without a `// Long:` reason in the comment lines right above it.
-pub fn long_functions(text: &str) -> Vec<(usize, String, usize)> {
+pub(crate) fn long_functions(text: &str) -> Vec<(usize, String, usize)> {
     let code = code_only(text);
     let lines: Vec<&str> = text.lines().collect();
     let code_lines: Vec<&str> = code.lines().collect();
@@ -396,7 +390,7 @@ fn unused_dependencies(root: &Path, crates: &[PathBuf]) -> Result<Vec<String>> {
 }
 
 /// Whether Rust code names crate `ident` (`ident::`, `use ident`, `extern crate ident`).
-pub fn names_crate(text: &str, ident: &str) -> bool {
+pub(crate) fn names_crate(text: &str, ident: &str) -> bool {
     let code = code_only(text);
     code.match_indices(ident).any(|(i, _)| {
         let before = code[..i].chars().next_back();
@@ -418,7 +412,7 @@ fn package_name(manifest: &str) -> Option<String> {
 }
 
 /// The keys (dependency names) of a `[section]` of a manifest.
-pub fn section_names(manifest: &str, section: &str) -> Vec<String> {
+pub(crate) fn section_names(manifest: &str, section: &str) -> Vec<String> {
     section_lines(manifest, section)
         .filter_map(|l| {
             let key = l.split(['=', '.']).next()?.trim();
@@ -491,7 +485,7 @@ fn module_graph(src: &Path) -> Result<BTreeMap<String, BTreeSet<String>>> {
 
 /// Every cycle of `graph` found by a depth-first search, each written
 /// `a -> b` from its smallest module (`a -> b -> c` for three).
-pub fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> BTreeSet<String> {
+pub(crate) fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     for start in graph.keys() {
         let mut stack = vec![(start.clone(), vec![start.clone()])];

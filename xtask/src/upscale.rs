@@ -6,7 +6,7 @@
 //! builds the big shapes on the device (the 8b shape is 15.6 GB in bf16, but
 //! only the source's ~50 MB are written; the zeros are file holes).
 
-pub mod widen;
+pub(crate) mod widen;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -20,7 +20,7 @@ usage: cargo xtask upscale --model DIR --shape NAME --out DIR [--dtype bf16|f32]
   --shard-mib  most MiB per safetensors file (default 4096)";
 
 /// Parses the flags and writes the upscale; prints one JSON summary line.
-pub fn run(args: &[String]) -> Result<()> {
+pub(crate) fn run(args: &[String]) -> Result<()> {
     let (mut model, mut shape, mut out, mut dtype, mut shard_mib) =
         (None, None, None, widen::OutDtype::Bf16, 4096u64);
     let mut it = args.iter();
@@ -257,14 +257,14 @@ mod tests {
         use std::path::PathBuf;
         use std::sync::atomic::{AtomicUsize, Ordering};
 
-        pub struct Dir {
+        pub(super) struct Dir {
             root: PathBuf,
             pub src: PathBuf,
             pub out: PathBuf,
         }
 
         impl Dir {
-            pub fn new() -> Dir {
+            pub(super) fn new() -> Dir {
                 static N: AtomicUsize = AtomicUsize::new(0);
                 let root = std::env::temp_dir().join(format!(
                     "xtask-upscale-{}-{}",

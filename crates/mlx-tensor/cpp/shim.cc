@@ -1,6 +1,7 @@
 // Implementation of the bridge declared in shim.h. Kept free of logic: each
 // function converts arguments, calls MLX, and wraps the result.
 #include "mlx-tensor/cpp/shim.h"
+#include "mlx-tensor/src/ffi.rs.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -14,41 +15,41 @@ namespace mtp_mlx {
 
 namespace {
 
-mx::Dtype to_dtype(uint8_t code) {
+mx::Dtype to_dtype(DtypeCode code) {
   switch (code) {
-    case 0: return mx::bool_;
-    case 1: return mx::uint8;
-    case 2: return mx::uint16;
-    case 3: return mx::uint32;
-    case 4: return mx::uint64;
-    case 5: return mx::int8;
-    case 6: return mx::int16;
-    case 7: return mx::int32;
-    case 8: return mx::int64;
-    case 9: return mx::float16;
-    case 10: return mx::float32;
-    case 11: return mx::bfloat16;
-    case 12: return mx::float64;
-    default: throw std::invalid_argument("unknown dtype code " + std::to_string(code));
+    case DtypeCode::Bool: return mx::bool_;
+    case DtypeCode::Uint8: return mx::uint8;
+    case DtypeCode::Uint16: return mx::uint16;
+    case DtypeCode::Uint32: return mx::uint32;
+    case DtypeCode::Uint64: return mx::uint64;
+    case DtypeCode::Int8: return mx::int8;
+    case DtypeCode::Int16: return mx::int16;
+    case DtypeCode::Int32: return mx::int32;
+    case DtypeCode::Int64: return mx::int64;
+    case DtypeCode::Float16: return mx::float16;
+    case DtypeCode::Float32: return mx::float32;
+    case DtypeCode::Bfloat16: return mx::bfloat16;
+    case DtypeCode::Float64: return mx::float64;
+    default: throw std::invalid_argument("unmodelled dtype code " + std::to_string(static_cast<int>(code)));
   }
 }
 
-uint8_t from_dtype(mx::Dtype d) {
+DtypeCode from_dtype(mx::Dtype d) {
   switch (d.val()) {
-    case mx::Dtype::Val::bool_: return 0;
-    case mx::Dtype::Val::uint8: return 1;
-    case mx::Dtype::Val::uint16: return 2;
-    case mx::Dtype::Val::uint32: return 3;
-    case mx::Dtype::Val::uint64: return 4;
-    case mx::Dtype::Val::int8: return 5;
-    case mx::Dtype::Val::int16: return 6;
-    case mx::Dtype::Val::int32: return 7;
-    case mx::Dtype::Val::int64: return 8;
-    case mx::Dtype::Val::float16: return 9;
-    case mx::Dtype::Val::float32: return 10;
-    case mx::Dtype::Val::bfloat16: return 11;
-    case mx::Dtype::Val::float64: return 12;
-    default: return 255;
+    case mx::Dtype::Val::bool_: return DtypeCode::Bool;
+    case mx::Dtype::Val::uint8: return DtypeCode::Uint8;
+    case mx::Dtype::Val::uint16: return DtypeCode::Uint16;
+    case mx::Dtype::Val::uint32: return DtypeCode::Uint32;
+    case mx::Dtype::Val::uint64: return DtypeCode::Uint64;
+    case mx::Dtype::Val::int8: return DtypeCode::Int8;
+    case mx::Dtype::Val::int16: return DtypeCode::Int16;
+    case mx::Dtype::Val::int32: return DtypeCode::Int32;
+    case mx::Dtype::Val::int64: return DtypeCode::Int64;
+    case mx::Dtype::Val::float16: return DtypeCode::Float16;
+    case mx::Dtype::Val::float32: return DtypeCode::Float32;
+    case mx::Dtype::Val::bfloat16: return DtypeCode::Bfloat16;
+    case mx::Dtype::Val::float64: return DtypeCode::Float64;
+    default: return DtypeCode::Other;
   }
 }
 
@@ -58,7 +59,7 @@ ArrPtr wrap(mx::array a) { return std::make_unique<Arr>(std::move(a)); }
 
 }  // namespace
 
-ArrPtr from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape, uint8_t dtype) {
+ArrPtr from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape, DtypeCode dtype) {
   auto dt = to_dtype(dtype);
   auto sh = to_shape(shape);
   size_t n = 1;
@@ -77,10 +78,10 @@ ArrPtr from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> sh
   return wrap(mx::array(buf, std::move(sh), dt, [](void* p) { std::free(p); }));
 }
 
-ArrPtr scalar_f32(float v, uint8_t dtype) { return wrap(mx::array(v, to_dtype(dtype))); }
-ArrPtr scalar_i64(int64_t v, uint8_t dtype) { return wrap(mx::astype(mx::array(v, mx::int64), to_dtype(dtype))); }
+ArrPtr scalar_f32(float v, DtypeCode dtype) { return wrap(mx::array(v, to_dtype(dtype))); }
+ArrPtr scalar_i64(int64_t v, DtypeCode dtype) { return wrap(mx::astype(mx::array(v, mx::int64), to_dtype(dtype))); }
 ArrPtr clone_arr(const Arr& a) { return wrap(a.a); }
-uint8_t dtype_of(const Arr& a) { return from_dtype(a.a.dtype()); }
+DtypeCode dtype_of(const Arr& a) { return from_dtype(a.a.dtype()); }
 rust::Vec<int32_t> shape_of(const Arr& a) {
   rust::Vec<int32_t> out;
   for (auto d : a.a.shape()) out.push_back(d);
@@ -139,69 +140,69 @@ ArrPtr list_get(const ArrList& l, size_t i) {
 void eval_list(const ArrList& l) { mx::eval(l.items); }
 void async_eval_list(const ArrList& l) { mx::async_eval(l.items); }
 
-ArrPtr zeros(rust::Slice<const int32_t> shape, uint8_t dtype) { return wrap(mx::zeros(to_shape(shape), to_dtype(dtype))); }
-ArrPtr ones(rust::Slice<const int32_t> shape, uint8_t dtype) { return wrap(mx::ones(to_shape(shape), to_dtype(dtype))); }
-ArrPtr full(rust::Slice<const int32_t> shape, const Arr& v, uint8_t dtype) {
+ArrPtr zeros(rust::Slice<const int32_t> shape, DtypeCode dtype) { return wrap(mx::zeros(to_shape(shape), to_dtype(dtype))); }
+ArrPtr ones(rust::Slice<const int32_t> shape, DtypeCode dtype) { return wrap(mx::ones(to_shape(shape), to_dtype(dtype))); }
+ArrPtr full(rust::Slice<const int32_t> shape, const Arr& v, DtypeCode dtype) {
   return wrap(mx::full(to_shape(shape), v.a, to_dtype(dtype)));
 }
-ArrPtr arange(double start, double stop, double step, uint8_t dtype) {
+ArrPtr arange(double start, double stop, double step, DtypeCode dtype) {
   return wrap(mx::arange(start, stop, step, to_dtype(dtype)));
 }
-ArrPtr tri(int32_t n, int32_t m, int32_t k, uint8_t dtype) { return wrap(mx::tri(n, m, k, to_dtype(dtype))); }
+ArrPtr tri(int32_t n, int32_t m, int32_t k, DtypeCode dtype) { return wrap(mx::tri(n, m, k, to_dtype(dtype))); }
 
-ArrPtr unary(const Arr& x, uint8_t op) {
+ArrPtr unary(const Arr& x, UnaryOp op) {
   const auto& a = x.a;
   switch (op) {
-    case 0: return wrap(mx::negative(a));
-    case 1: return wrap(mx::exp(a));
-    case 2: return wrap(mx::log(a));
-    case 3: return wrap(mx::sqrt(a));
-    case 4: return wrap(mx::rsqrt(a));
-    case 5: return wrap(mx::abs(a));
-    case 6: return wrap(mx::sigmoid(a));
-    case 7: return wrap(mx::tanh(a));
-    case 8: return wrap(mx::square(a));
-    case 9: return wrap(mx::logical_not(a));
-    case 10: return wrap(mx::reciprocal(a));
-    case 11: return wrap(mx::floor(a));
-    case 12: return wrap(mx::sin(a));
-    case 13: return wrap(mx::cos(a));
-    case 14: return wrap(mx::erf(a));
-    case 15: return wrap(mx::isnan(a));
-    case 16: return wrap(mx::isinf(a));
-    case 17: return wrap(mx::log1p(a));
-    case 18: return wrap(mx::multiply(a, mx::sigmoid(a)));
-    default: throw std::invalid_argument("unknown unary op " + std::to_string(op));
+    case UnaryOp::Negative: return wrap(mx::negative(a));
+    case UnaryOp::Exp: return wrap(mx::exp(a));
+    case UnaryOp::Log: return wrap(mx::log(a));
+    case UnaryOp::Sqrt: return wrap(mx::sqrt(a));
+    case UnaryOp::Rsqrt: return wrap(mx::rsqrt(a));
+    case UnaryOp::Abs: return wrap(mx::abs(a));
+    case UnaryOp::Sigmoid: return wrap(mx::sigmoid(a));
+    case UnaryOp::Tanh: return wrap(mx::tanh(a));
+    case UnaryOp::Square: return wrap(mx::square(a));
+    case UnaryOp::LogicalNot: return wrap(mx::logical_not(a));
+    case UnaryOp::Reciprocal: return wrap(mx::reciprocal(a));
+    case UnaryOp::Floor: return wrap(mx::floor(a));
+    case UnaryOp::Sin: return wrap(mx::sin(a));
+    case UnaryOp::Cos: return wrap(mx::cos(a));
+    case UnaryOp::Erf: return wrap(mx::erf(a));
+    case UnaryOp::Isnan: return wrap(mx::isnan(a));
+    case UnaryOp::Isinf: return wrap(mx::isinf(a));
+    case UnaryOp::Log1p: return wrap(mx::log1p(a));
+    case UnaryOp::Silu: return wrap(mx::multiply(a, mx::sigmoid(a)));
+    default: throw std::invalid_argument("unknown unary op " + std::to_string(static_cast<int>(op)));
   }
 }
 
-ArrPtr binary(const Arr& x, const Arr& y, uint8_t op) {
+ArrPtr binary(const Arr& x, const Arr& y, BinaryOp op) {
   const auto& a = x.a;
   const auto& b = y.a;
   switch (op) {
-    case 0: return wrap(mx::add(a, b));
-    case 1: return wrap(mx::subtract(a, b));
-    case 2: return wrap(mx::multiply(a, b));
-    case 3: return wrap(mx::divide(a, b));
-    case 4: return wrap(mx::maximum(a, b));
-    case 5: return wrap(mx::minimum(a, b));
-    case 6: return wrap(mx::power(a, b));
-    case 7: return wrap(mx::equal(a, b));
-    case 8: return wrap(mx::not_equal(a, b));
-    case 9: return wrap(mx::less(a, b));
-    case 10: return wrap(mx::less_equal(a, b));
-    case 11: return wrap(mx::greater(a, b));
-    case 12: return wrap(mx::greater_equal(a, b));
-    case 13: return wrap(mx::logical_and(a, b));
-    case 14: return wrap(mx::logical_or(a, b));
-    case 15: return wrap(mx::floor_divide(a, b));
-    case 16: return wrap(mx::remainder(a, b));
-    default: throw std::invalid_argument("unknown binary op " + std::to_string(op));
+    case BinaryOp::Add: return wrap(mx::add(a, b));
+    case BinaryOp::Subtract: return wrap(mx::subtract(a, b));
+    case BinaryOp::Multiply: return wrap(mx::multiply(a, b));
+    case BinaryOp::Divide: return wrap(mx::divide(a, b));
+    case BinaryOp::Maximum: return wrap(mx::maximum(a, b));
+    case BinaryOp::Minimum: return wrap(mx::minimum(a, b));
+    case BinaryOp::Power: return wrap(mx::power(a, b));
+    case BinaryOp::Equal: return wrap(mx::equal(a, b));
+    case BinaryOp::NotEqual: return wrap(mx::not_equal(a, b));
+    case BinaryOp::Less: return wrap(mx::less(a, b));
+    case BinaryOp::LessEqual: return wrap(mx::less_equal(a, b));
+    case BinaryOp::Greater: return wrap(mx::greater(a, b));
+    case BinaryOp::GreaterEqual: return wrap(mx::greater_equal(a, b));
+    case BinaryOp::LogicalAnd: return wrap(mx::logical_and(a, b));
+    case BinaryOp::LogicalOr: return wrap(mx::logical_or(a, b));
+    case BinaryOp::FloorDivide: return wrap(mx::floor_divide(a, b));
+    case BinaryOp::Remainder: return wrap(mx::remainder(a, b));
+    default: throw std::invalid_argument("unknown binary op " + std::to_string(static_cast<int>(op)));
   }
 }
 
 ArrPtr where_(const Arr& c, const Arr& x, const Arr& y) { return wrap(mx::where(c.a, x.a, y.a)); }
-ArrPtr astype(const Arr& a, uint8_t dtype) { return wrap(mx::astype(a.a, to_dtype(dtype))); }
+ArrPtr astype(const Arr& a, DtypeCode dtype) { return wrap(mx::astype(a.a, to_dtype(dtype))); }
 ArrPtr contiguous(const Arr& a) { return wrap(mx::contiguous(a.a)); }
 
 ArrPtr matmul(const Arr& a, const Arr& b) { return wrap(mx::matmul(a.a, b.a)); }
@@ -265,19 +266,19 @@ ArrPtr scatter_add_axis(const Arr& a, const Arr& idx, const Arr& v, int32_t axis
   return wrap(mx::scatter_add_axis(a.a, idx.a, v.a, axis));
 }
 
-ArrPtr reduce(const Arr& x, rust::Slice<const int32_t> axes, bool keepdims, uint8_t op) {
+ArrPtr reduce(const Arr& x, rust::Slice<const int32_t> axes, bool keepdims, ReduceOp op) {
   auto ax = to_ints(axes);
   const auto& a = x.a;
   switch (op) {
-    case 0: return wrap(mx::sum(a, ax, keepdims));
-    case 1: return wrap(mx::max(a, ax, keepdims));
-    case 2: return wrap(mx::min(a, ax, keepdims));
-    case 3: return wrap(mx::mean(a, ax, keepdims));
-    case 4: return wrap(mx::prod(a, ax, keepdims));
-    case 5: return wrap(mx::logsumexp(a, ax, keepdims));
-    case 6: return wrap(mx::all(a, ax, keepdims));
-    case 7: return wrap(mx::any(a, ax, keepdims));
-    default: throw std::invalid_argument("unknown reduction " + std::to_string(op));
+    case ReduceOp::Sum: return wrap(mx::sum(a, ax, keepdims));
+    case ReduceOp::Max: return wrap(mx::max(a, ax, keepdims));
+    case ReduceOp::Min: return wrap(mx::min(a, ax, keepdims));
+    case ReduceOp::Mean: return wrap(mx::mean(a, ax, keepdims));
+    case ReduceOp::Prod: return wrap(mx::prod(a, ax, keepdims));
+    case ReduceOp::LogSumExp: return wrap(mx::logsumexp(a, ax, keepdims));
+    case ReduceOp::All: return wrap(mx::all(a, ax, keepdims));
+    case ReduceOp::Any: return wrap(mx::any(a, ax, keepdims));
+    default: throw std::invalid_argument("unknown reduction " + std::to_string(static_cast<int>(op)));
   }
 }
 ArrPtr softmax(const Arr& a, rust::Slice<const int32_t> axes, bool precise) {
@@ -313,7 +314,7 @@ ArrPtr sdpa_masked(const Arr& q, const Arr& k, const Arr& v, float scale, const 
 }
 
 ArrPtr cuda_kernel2(rust::Str name, rust::Str source, rust::Str a_name, const Arr& a, rust::Str b_name,
-                    const Arr& b, rust::Str out_name, rust::Slice<const int32_t> out_shape, uint8_t out_dtype,
+                    const Arr& b, rust::Str out_name, rust::Slice<const int32_t> out_shape, DtypeCode out_dtype,
                     rust::Slice<const int32_t> grid, rust::Slice<const int32_t> block, rust::Str tmpl_name,
                     int32_t tmpl_value) {
   if (grid.size() != 3 || block.size() != 3) throw std::invalid_argument("cuda_kernel2: grid and block take 3 sizes");
@@ -327,10 +328,10 @@ ArrPtr cuda_kernel2(rust::Str name, rust::Str source, rust::Str a_name, const Ar
 
 ArrPtr random_key(uint64_t seed) { return wrap(mx::random::key(seed)); }
 ArrPtr random_split(const Arr& key, int32_t num) { return wrap(mx::random::split(key.a, num)); }
-ArrPtr random_uniform(rust::Slice<const int32_t> shape, uint8_t dtype, const Arr& key) {
+ArrPtr random_uniform(rust::Slice<const int32_t> shape, DtypeCode dtype, const Arr& key) {
   return wrap(mx::random::uniform(to_shape(shape), to_dtype(dtype), key.a));
 }
-ArrPtr random_normal(rust::Slice<const int32_t> shape, uint8_t dtype, const Arr& key) {
+ArrPtr random_normal(rust::Slice<const int32_t> shape, DtypeCode dtype, const Arr& key) {
   return wrap(mx::random::normal(to_shape(shape), to_dtype(dtype), std::nullopt, std::nullopt, key.a));
 }
 ArrPtr random_bernoulli(const Arr& p, const Arr& key) { return wrap(mx::random::bernoulli(p.a, key.a)); }

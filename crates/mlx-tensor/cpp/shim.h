@@ -3,6 +3,7 @@
 // cxx turns the exception into an `Err` instead of aborting the process.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,12 +36,19 @@ struct TensorFile {
 
 using ArrPtr = std::unique_ptr<Arr>;
 
+// The bridge's shared enums (src/ffi.rs), defined by cxx in the generated
+// mlx-tensor/src/ffi.rs.h; declared here so the signatures below can name them.
+enum class DtypeCode : std::uint8_t;
+enum class UnaryOp : std::uint8_t;
+enum class BinaryOp : std::uint8_t;
+enum class ReduceOp : std::uint8_t;
+
 // Construction and inspection.
-ArrPtr from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape, uint8_t dtype);
-ArrPtr scalar_f32(float v, uint8_t dtype);
-ArrPtr scalar_i64(int64_t v, uint8_t dtype);
+ArrPtr from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape, DtypeCode dtype);
+ArrPtr scalar_f32(float v, DtypeCode dtype);
+ArrPtr scalar_i64(int64_t v, DtypeCode dtype);
 ArrPtr clone_arr(const Arr& a);
-uint8_t dtype_of(const Arr& a);
+DtypeCode dtype_of(const Arr& a);
 rust::Vec<int32_t> shape_of(const Arr& a);
 size_t nbytes_of(const Arr& a);
 size_t size_of(const Arr& a);
@@ -59,17 +67,17 @@ void eval_list(const ArrList& l);
 void async_eval_list(const ArrList& l);
 
 // Creation.
-ArrPtr zeros(rust::Slice<const int32_t> shape, uint8_t dtype);
-ArrPtr ones(rust::Slice<const int32_t> shape, uint8_t dtype);
-ArrPtr full(rust::Slice<const int32_t> shape, const Arr& v, uint8_t dtype);
-ArrPtr arange(double start, double stop, double step, uint8_t dtype);
-ArrPtr tri(int32_t n, int32_t m, int32_t k, uint8_t dtype);
+ArrPtr zeros(rust::Slice<const int32_t> shape, DtypeCode dtype);
+ArrPtr ones(rust::Slice<const int32_t> shape, DtypeCode dtype);
+ArrPtr full(rust::Slice<const int32_t> shape, const Arr& v, DtypeCode dtype);
+ArrPtr arange(double start, double stop, double step, DtypeCode dtype);
+ArrPtr tri(int32_t n, int32_t m, int32_t k, DtypeCode dtype);
 
 // Element-wise.
-ArrPtr unary(const Arr& a, uint8_t op);
-ArrPtr binary(const Arr& a, const Arr& b, uint8_t op);
+ArrPtr unary(const Arr& a, UnaryOp op);
+ArrPtr binary(const Arr& a, const Arr& b, BinaryOp op);
 ArrPtr where_(const Arr& c, const Arr& x, const Arr& y);
-ArrPtr astype(const Arr& a, uint8_t dtype);
+ArrPtr astype(const Arr& a, DtypeCode dtype);
 ArrPtr contiguous(const Arr& a);
 
 // Linear algebra.
@@ -106,7 +114,7 @@ ArrPtr put_along_axis(const Arr& a, const Arr& idx, const Arr& v, int32_t axis);
 ArrPtr scatter_add_axis(const Arr& a, const Arr& idx, const Arr& v, int32_t axis);
 
 // Reductions and orderings.
-ArrPtr reduce(const Arr& a, rust::Slice<const int32_t> axes, bool keepdims, uint8_t op);
+ArrPtr reduce(const Arr& a, rust::Slice<const int32_t> axes, bool keepdims, ReduceOp op);
 ArrPtr softmax(const Arr& a, rust::Slice<const int32_t> axes, bool precise);
 ArrPtr arg_reduce(const Arr& a, int32_t axis, bool keepdims, bool is_max);
 ArrPtr argpartition(const Arr& a, int32_t kth, int32_t axis);
@@ -124,15 +132,15 @@ ArrPtr rope_freqs(const Arr& x, int32_t dims, bool traditional, float scale, int
 ArrPtr sdpa(const Arr& q, const Arr& k, const Arr& v, float scale, bool causal);
 ArrPtr sdpa_masked(const Arr& q, const Arr& k, const Arr& v, float scale, const Arr& mask);
 ArrPtr cuda_kernel2(rust::Str name, rust::Str source, rust::Str a_name, const Arr& a, rust::Str b_name,
-                    const Arr& b, rust::Str out_name, rust::Slice<const int32_t> out_shape, uint8_t out_dtype,
+                    const Arr& b, rust::Str out_name, rust::Slice<const int32_t> out_shape, DtypeCode out_dtype,
                     rust::Slice<const int32_t> grid, rust::Slice<const int32_t> block, rust::Str tmpl_name,
                     int32_t tmpl_value);
 
 // Random numbers from explicit keys.
 ArrPtr random_key(uint64_t seed);
 ArrPtr random_split(const Arr& key, int32_t num);
-ArrPtr random_uniform(rust::Slice<const int32_t> shape, uint8_t dtype, const Arr& key);
-ArrPtr random_normal(rust::Slice<const int32_t> shape, uint8_t dtype, const Arr& key);
+ArrPtr random_uniform(rust::Slice<const int32_t> shape, DtypeCode dtype, const Arr& key);
+ArrPtr random_normal(rust::Slice<const int32_t> shape, DtypeCode dtype, const Arr& key);
 ArrPtr random_bernoulli(const Arr& p, const Arr& key);
 ArrPtr random_categorical(const Arr& logits, int32_t axis, const Arr& key);
 ArrPtr random_categorical_n(const Arr& logits, int32_t axis, int32_t n, const Arr& key);

@@ -83,7 +83,7 @@ impl Array {
         // Every array this crate can create has a modelled dtype; complex
         // arrays cannot be made through this API.
         Dtype::from_code(code)
-            .unwrap_or_else(|| panic!("MLX array with unmodelled dtype code {code}"))
+            .unwrap_or_else(|| panic!("MLX array with unmodelled dtype code {}", code.repr))
     }
 
     /// The shape.

@@ -2,6 +2,8 @@
 
 use half::{bf16, f16};
 
+use crate::ffi::sys::DtypeCode;
+
 /// MLX element types that this crate reads and writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -35,39 +37,39 @@ pub enum Dtype {
 }
 
 impl Dtype {
-    pub(crate) fn code(self) -> u8 {
+    pub(crate) fn code(self) -> DtypeCode {
         match self {
-            Dtype::Bool => 0,
-            Dtype::Uint8 => 1,
-            Dtype::Uint16 => 2,
-            Dtype::Uint32 => 3,
-            Dtype::Uint64 => 4,
-            Dtype::Int8 => 5,
-            Dtype::Int16 => 6,
-            Dtype::Int32 => 7,
-            Dtype::Int64 => 8,
-            Dtype::Float16 => 9,
-            Dtype::Float32 => 10,
-            Dtype::Bfloat16 => 11,
-            Dtype::Float64 => 12,
+            Dtype::Bool => DtypeCode::Bool,
+            Dtype::Uint8 => DtypeCode::Uint8,
+            Dtype::Uint16 => DtypeCode::Uint16,
+            Dtype::Uint32 => DtypeCode::Uint32,
+            Dtype::Uint64 => DtypeCode::Uint64,
+            Dtype::Int8 => DtypeCode::Int8,
+            Dtype::Int16 => DtypeCode::Int16,
+            Dtype::Int32 => DtypeCode::Int32,
+            Dtype::Int64 => DtypeCode::Int64,
+            Dtype::Float16 => DtypeCode::Float16,
+            Dtype::Float32 => DtypeCode::Float32,
+            Dtype::Bfloat16 => DtypeCode::Bfloat16,
+            Dtype::Float64 => DtypeCode::Float64,
         }
     }
 
-    pub(crate) fn from_code(code: u8) -> Option<Dtype> {
+    pub(crate) fn from_code(code: DtypeCode) -> Option<Dtype> {
         Some(match code {
-            0 => Dtype::Bool,
-            1 => Dtype::Uint8,
-            2 => Dtype::Uint16,
-            3 => Dtype::Uint32,
-            4 => Dtype::Uint64,
-            5 => Dtype::Int8,
-            6 => Dtype::Int16,
-            7 => Dtype::Int32,
-            8 => Dtype::Int64,
-            9 => Dtype::Float16,
-            10 => Dtype::Float32,
-            11 => Dtype::Bfloat16,
-            12 => Dtype::Float64,
+            DtypeCode::Bool => Dtype::Bool,
+            DtypeCode::Uint8 => Dtype::Uint8,
+            DtypeCode::Uint16 => Dtype::Uint16,
+            DtypeCode::Uint32 => Dtype::Uint32,
+            DtypeCode::Uint64 => Dtype::Uint64,
+            DtypeCode::Int8 => Dtype::Int8,
+            DtypeCode::Int16 => Dtype::Int16,
+            DtypeCode::Int32 => Dtype::Int32,
+            DtypeCode::Int64 => Dtype::Int64,
+            DtypeCode::Float16 => Dtype::Float16,
+            DtypeCode::Float32 => Dtype::Float32,
+            DtypeCode::Bfloat16 => Dtype::Bfloat16,
+            DtypeCode::Float64 => Dtype::Float64,
             _ => return None,
         })
     }

@@ -9,8 +9,91 @@
 //! `Sync` (cxx's default), which keeps every MLX handle on the thread that made it.
 
 #[allow(unsafe_code)]
+// cxx writes its generated items `pub`; the bridge module itself is `pub(crate)`.
+#[allow(unreachable_pub)]
 #[cxx::bridge(namespace = "mtp_mlx")]
 pub(crate) mod sys {
+    // Shared enums: cxx writes their C++ definitions into the generated
+    // header, so the codes on both sides of the bridge are one list.
+    /// MLX element types, one per [`crate::Dtype`] variant; `Other` is an MLX dtype
+    /// this crate does not model (complex64).
+    #[repr(u8)]
+    enum DtypeCode {
+        Bool,
+        Uint8,
+        Uint16,
+        Uint32,
+        Uint64,
+        Int8,
+        Int16,
+        Int32,
+        Int64,
+        Float16,
+        Float32,
+        Bfloat16,
+        Float64,
+        Other,
+    }
+
+    /// Element-wise operations of one array (`unary`).
+    #[repr(u8)]
+    enum UnaryOp {
+        Negative,
+        Exp,
+        Log,
+        Sqrt,
+        Rsqrt,
+        Abs,
+        Sigmoid,
+        Tanh,
+        Square,
+        LogicalNot,
+        Reciprocal,
+        Floor,
+        Sin,
+        Cos,
+        Erf,
+        Isnan,
+        Isinf,
+        Log1p,
+        Silu,
+    }
+
+    /// Element-wise operations of two arrays, with broadcasting (`binary`).
+    #[repr(u8)]
+    enum BinaryOp {
+        Add,
+        Subtract,
+        Multiply,
+        Divide,
+        Maximum,
+        Minimum,
+        Power,
+        Equal,
+        NotEqual,
+        Less,
+        LessEqual,
+        Greater,
+        GreaterEqual,
+        LogicalAnd,
+        LogicalOr,
+        FloorDivide,
+        Remainder,
+    }
+
+    /// Reductions over axes (`reduce`).
+    #[repr(u8)]
+    enum ReduceOp {
+        Sum,
+        Max,
+        Min,
+        Mean,
+        Prod,
+        LogSumExp,
+        All,
+        Any,
+    }
+
     unsafe extern "C++" {
         include!("mlx-tensor/cpp/shim.h");
 
@@ -18,11 +101,11 @@ pub(crate) mod sys {
         type ArrList;
         type TensorFile;
 
-        fn from_bytes(data: &[u8], shape: &[i32], dtype: u8) -> Result<UniquePtr<Arr>>;
-        fn scalar_f32(v: f32, dtype: u8) -> Result<UniquePtr<Arr>>;
-        fn scalar_i64(v: i64, dtype: u8) -> Result<UniquePtr<Arr>>;
+        fn from_bytes(data: &[u8], shape: &[i32], dtype: DtypeCode) -> Result<UniquePtr<Arr>>;
+        fn scalar_f32(v: f32, dtype: DtypeCode) -> Result<UniquePtr<Arr>>;
+        fn scalar_i64(v: i64, dtype: DtypeCode) -> Result<UniquePtr<Arr>>;
         fn clone_arr(a: &Arr) -> UniquePtr<Arr>;
-        fn dtype_of(a: &Arr) -> u8;
+        fn dtype_of(a: &Arr) -> DtypeCode;
         fn shape_of(a: &Arr) -> Vec<i32>;
         fn nbytes_of(a: &Arr) -> usize;
         fn size_of(a: &Arr) -> usize;
@@ -39,16 +122,16 @@ pub(crate) mod sys {
         fn eval_list(l: &ArrList) -> Result<()>;
         fn async_eval_list(l: &ArrList) -> Result<()>;
 
-        fn zeros(shape: &[i32], dtype: u8) -> Result<UniquePtr<Arr>>;
-        fn ones(shape: &[i32], dtype: u8) -> Result<UniquePtr<Arr>>;
-        fn full(shape: &[i32], v: &Arr, dtype: u8) -> Result<UniquePtr<Arr>>;
-        fn arange(start: f64, stop: f64, step: f64, dtype: u8) -> Result<UniquePtr<Arr>>;
-        fn tri(n: i32, m: i32, k: i32, dtype: u8) -> Result<UniquePtr<Arr>>;
+        fn zeros(shape: &[i32], dtype: DtypeCode) -> Result<UniquePtr<Arr>>;
+        fn ones(shape: &[i32], dtype: DtypeCode) -> Result<UniquePtr<Arr>>;
+        fn full(shape: &[i32], v: &Arr, dtype: DtypeCode) -> Result<UniquePtr<Arr>>;
+        fn arange(start: f64, stop: f64, step: f64, dtype: DtypeCode) -> Result<UniquePtr<Arr>>;
+        fn tri(n: i32, m: i32, k: i32, dtype: DtypeCode) -> Result<UniquePtr<Arr>>;
 
-        fn unary(a: &Arr, op: u8) -> Result<UniquePtr<Arr>>;
-        fn binary(a: &Arr, b: &Arr, op: u8) -> Result<UniquePtr<Arr>>;
+        fn unary(a: &Arr, op: UnaryOp) -> Result<UniquePtr<Arr>>;
+        fn binary(a: &Arr, b: &Arr, op: BinaryOp) -> Result<UniquePtr<Arr>>;
         fn where_(c: &Arr, x: &Arr, y: &Arr) -> Result<UniquePtr<Arr>>;
-        fn astype(a: &Arr, dtype: u8) -> Result<UniquePtr<Arr>>;
+        fn astype(a: &Arr, dtype: DtypeCode) -> Result<UniquePtr<Arr>>;
         fn contiguous(a: &Arr) -> Result<UniquePtr<Arr>>;
 
         fn matmul(a: &Arr, b: &Arr) -> Result<UniquePtr<Arr>>;
@@ -117,7 +200,7 @@ pub(crate) mod sys {
         fn put_along_axis(a: &Arr, idx: &Arr, v: &Arr, axis: i32) -> Result<UniquePtr<Arr>>;
         fn scatter_add_axis(a: &Arr, idx: &Arr, v: &Arr, axis: i32) -> Result<UniquePtr<Arr>>;
 
-        fn reduce(a: &Arr, axes: &[i32], keepdims: bool, op: u8) -> Result<UniquePtr<Arr>>;
+        fn reduce(a: &Arr, axes: &[i32], keepdims: bool, op: ReduceOp) -> Result<UniquePtr<Arr>>;
         fn softmax(a: &Arr, axes: &[i32], precise: bool) -> Result<UniquePtr<Arr>>;
         fn arg_reduce(a: &Arr, axis: i32, keepdims: bool, is_max: bool) -> Result<UniquePtr<Arr>>;
         fn argpartition(a: &Arr, kth: i32, axis: i32) -> Result<UniquePtr<Arr>>;
@@ -158,7 +241,7 @@ pub(crate) mod sys {
             b: &Arr,
             out_name: &str,
             out_shape: &[i32],
-            out_dtype: u8,
+            out_dtype: DtypeCode,
             grid: &[i32],
             block: &[i32],
             tmpl_name: &str,
@@ -167,8 +250,8 @@ pub(crate) mod sys {
 
         fn random_key(seed: u64) -> Result<UniquePtr<Arr>>;
         fn random_split(key: &Arr, num: i32) -> Result<UniquePtr<Arr>>;
-        fn random_uniform(shape: &[i32], dtype: u8, key: &Arr) -> Result<UniquePtr<Arr>>;
-        fn random_normal(shape: &[i32], dtype: u8, key: &Arr) -> Result<UniquePtr<Arr>>;
+        fn random_uniform(shape: &[i32], dtype: DtypeCode, key: &Arr) -> Result<UniquePtr<Arr>>;
+        fn random_normal(shape: &[i32], dtype: DtypeCode, key: &Arr) -> Result<UniquePtr<Arr>>;
         fn random_bernoulli(p: &Arr, key: &Arr) -> Result<UniquePtr<Arr>>;
         fn random_categorical(logits: &Arr, axis: i32, key: &Arr) -> Result<UniquePtr<Arr>>;
         fn random_categorical_n(

@@ -6,17 +6,17 @@
 
 use crate::array::List;
 use crate::error::check;
-use crate::ffi::sys;
+use crate::ffi::sys::{self, BinaryOp, ReduceOp, UnaryOp};
 use crate::{Array, Dtype, Result};
 
 macro_rules! unary_ops {
-    ($($(#[$doc:meta])* $name:ident = $code:expr;)*) => {
+    ($($(#[$doc:meta])* $name:ident = $op:ident;)*) => {
         impl Array {
             $(
                 $(#[$doc])*
                 #[track_caller]
                 pub fn $name(&self) -> Result<Array> {
-                    check(sys::unary(self.raw(), $code)).map(Array::wrap)
+                    check(sys::unary(self.raw(), UnaryOp::$op)).map(Array::wrap)
                 }
             )*
         }
@@ -24,13 +24,13 @@ macro_rules! unary_ops {
 }
 
 macro_rules! binary_ops {
-    ($($(#[$doc:meta])* $name:ident = $code:expr;)*) => {
+    ($($(#[$doc:meta])* $name:ident = $op:ident;)*) => {
         impl Array {
             $(
                 $(#[$doc])*
                 #[track_caller]
                 pub fn $name(&self, other: &Array) -> Result<Array> {
-                    check(sys::binary(self.raw(), other.raw(), $code)).map(Array::wrap)
+                    check(sys::binary(self.raw(), other.raw(), BinaryOp::$op)).map(Array::wrap)
                 }
             )*
         }
@@ -39,140 +39,127 @@ macro_rules! binary_ops {
 
 unary_ops! {
     /// `-x`.
-    negative = 0;
+    negative = Negative;
     /// `e^x`.
-    exp = 1;
+    exp = Exp;
     /// Natural logarithm.
-    log = 2;
+    log = Log;
     /// Square root.
-    sqrt = 3;
+    sqrt = Sqrt;
     /// `1 / sqrt(x)`.
-    rsqrt = 4;
+    rsqrt = Rsqrt;
     /// Absolute value.
-    abs = 5;
+    abs = Abs;
     /// Logistic sigmoid.
-    sigmoid = 6;
+    sigmoid = Sigmoid;
     /// Hyperbolic tangent.
-    tanh = 7;
+    tanh = Tanh;
     /// `x * x`.
-    square = 8;
+    square = Square;
     /// Logical not (boolean result).
-    logical_not = 9;
+    logical_not = LogicalNot;
     /// `1 / x`.
-    reciprocal = 10;
+    reciprocal = Reciprocal;
     /// Round down.
-    floor = 11;
+    floor = Floor;
     /// Sine.
-    sin = 12;
+    sin = Sin;
     /// Cosine.
-    cos = 13;
+    cos = Cos;
     /// Error function.
-    erf = 14;
+    erf = Erf;
     /// True where the element is NaN.
-    isnan = 15;
+    isnan = Isnan;
     /// True where the element is ±infinity.
-    isinf = 16;
+    isinf = Isinf;
     /// `ln(1 + x)`.
-    log1p = 17;
+    log1p = Log1p;
     /// SiLU: `x * sigmoid(x)`.
-    silu = 18;
+    silu = Silu;
 }
 
 binary_ops! {
     /// Element-wise sum, with broadcasting.
-    add = 0;
+    add = Add;
     /// Element-wise difference, with broadcasting.
-    subtract = 1;
+    subtract = Subtract;
     /// Element-wise product, with broadcasting.
-    multiply = 2;
+    multiply = Multiply;
     /// Element-wise quotient, with broadcasting.
-    divide = 3;
+    divide = Divide;
     /// Element-wise maximum.
-    maximum = 4;
+    maximum = Maximum;
     /// Element-wise minimum.
-    minimum = 5;
+    minimum = Minimum;
     /// Element-wise power.
-    power = 6;
+    power = Power;
     /// Element-wise `==` (boolean result).
-    equal = 7;
+    equal = Equal;
     /// Element-wise `!=`.
-    not_equal = 8;
+    not_equal = NotEqual;
     /// Element-wise `<`.
-    less = 9;
+    less = Less;
     /// Element-wise `<=`.
-    less_equal = 10;
+    less_equal = LessEqual;
     /// Element-wise `>`.
-    greater = 11;
+    greater = Greater;
     /// Element-wise `>=`.
-    greater_equal = 12;
+    greater_equal = GreaterEqual;
     /// Element-wise logical and.
-    logical_and = 13;
+    logical_and = LogicalAnd;
     /// Element-wise logical or.
-    logical_or = 14;
+    logical_or = LogicalOr;
     /// Element-wise floor division.
-    floor_divide = 15;
+    floor_divide = FloorDivide;
     /// Element-wise remainder.
-    remainder = 16;
-}
-
-/// Reductions over axes.
-#[derive(Debug, Clone, Copy)]
-enum Reduce {
-    Sum = 0,
-    Max = 1,
-    Min = 2,
-    Mean = 3,
-    Prod = 4,
-    LogSumExp = 5,
-    All = 6,
-    Any = 7,
+    remainder = Remainder;
 }
 
 impl Array {
     #[track_caller]
-    fn reduce(&self, axes: &[i32], keepdims: bool, op: Reduce) -> Result<Array> {
-        check(sys::reduce(self.raw(), axes, keepdims, op as u8)).map(Array::wrap)
+    fn reduce(&self, axes: &[i32], keepdims: bool, op: ReduceOp) -> Result<Array> {
+        check(sys::reduce(self.raw(), axes, keepdims, op)).map(Array::wrap)
     }
 
     /// Sum over `axes`.
     #[track_caller]
     pub fn sum(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
-        self.reduce(axes, keepdims, Reduce::Sum)
+        self.reduce(axes, keepdims, ReduceOp::Sum)
     }
     /// Maximum over `axes`.
     #[track_caller]
     pub fn max(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
-        self.reduce(axes, keepdims, Reduce::Max)
+        self.reduce(axes, keepdims, ReduceOp::Max)
     }
     /// Minimum over `axes`.
     #[track_caller]
     pub fn min(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
-        self.reduce(axes, keepdims, Reduce::Min)
+        self.reduce(axes, keepdims, ReduceOp::Min)
     }
     /// Mean over `axes`.
     #[track_caller]
     pub fn mean(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
-        self.reduce(axes, keepdims, Reduce::Mean)
+        self.reduce(axes, keepdims, ReduceOp::Mean)
     }
     /// Product over `axes`.
     #[track_caller]
     pub fn prod(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
-        self.reduce(axes, keepdims, Reduce::Prod)
+        self.reduce(axes, keepdims, ReduceOp::Prod)
     }
     /// `log(sum(exp(x)))` over `axes`, computed stably.
     #[track_caller]
     pub fn logsumexp(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
-        self.reduce(axes, keepdims, Reduce::LogSumExp)
+        self.reduce(axes, keepdims, ReduceOp::LogSumExp)
     }
     /// True where every element over `axes` is true.
     #[track_caller]
     pub fn all(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
-        self.reduce(axes, keepdims, Reduce::All)
+        self.reduce(axes, keepdims, ReduceOp::All)
     }
     /// True where any element over `axes` is true.
     #[track_caller]
     pub fn any(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
-        self.reduce(axes, keepdims, Reduce::Any)
+        self.reduce(axes, keepdims, ReduceOp::Any)
     }
 
     /// Softmax over `axes`; `precise` accumulates in f32 for half inputs.

@@ -34,7 +34,7 @@ ENVIRONMENT:
     about = "Generate text with Hugging Face models on MLX",
     after_help = AFTER_HELP
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Log progress and statistics to stderr.
     #[arg(long, short, global = true)]
     pub verbose: bool,
@@ -44,7 +44,7 @@ pub struct Cli {
 
 /// Subcommands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Generate a continuation of a prompt, streaming text to stdout.
     #[command(allow_negative_numbers = true, after_help = AFTER_HELP)]
     Generate(GenerateArgs),
@@ -62,7 +62,7 @@ pub enum Command {
 }
 
 /// Examples shown after `chat --help`.
-pub const CHAT_AFTER_HELP: &str = "EXAMPLES:
+pub(crate) const CHAT_AFTER_HELP: &str = "EXAMPLES:
   mtp-runner chat --model models/tiny-mtp
   mtp-runner chat --model models/tiny-mtp --script turns.txt -n 32 --temperature 0
 
@@ -78,7 +78,7 @@ the speculation object of `generate --json`.";
 
 /// `chat` options.
 #[derive(Debug, Args)]
-pub struct ChatArgs {
+pub(crate) struct ChatArgs {
     #[command(flatten)]
     pub decode: DecodeArgs,
     /// System message at the start of the conversation.
@@ -94,7 +94,7 @@ pub struct ChatArgs {
 
 // `serve` (src/serve/): its options.
 /// Examples shown after `serve --help`.
-pub const SERVE_AFTER_HELP: &str = "EXAMPLES:
+pub(crate) const SERVE_AFTER_HELP: &str = "EXAMPLES:
   mtp-runner serve --model models/tiny-mtp
   mtp-runner serve --model models/tiny-mtp --port 0 --speculative off
   curl -s localhost:8080/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'
@@ -113,7 +113,7 @@ address (`--port 0` picks a free port).";
 
 /// `serve` options.
 #[derive(Debug, Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     #[command(flatten)]
     pub decode: DecodeArgs,
     /// Address to listen on.
@@ -144,7 +144,7 @@ pub struct ServeArgs {
 
 /// `generate` options.
 #[derive(Debug, Args)]
-pub struct GenerateArgs {
+pub(crate) struct GenerateArgs {
     #[command(flatten)]
     pub decode: DecodeArgs,
     /// Prompt text; read from stdin when absent.
@@ -163,7 +163,7 @@ pub struct GenerateArgs {
 
 /// Model, sampling and decoding options shared by `generate` and `chat`.
 #[derive(Debug, Args)]
-pub struct DecodeArgs {
+pub(crate) struct DecodeArgs {
     /// Model folder (config.json, *.safetensors, tokenizer.json).
     #[arg(long, short)]
     pub model: PathBuf,
@@ -231,7 +231,7 @@ pub struct DecodeArgs {
 
 /// `--speculative`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum SpeculativeArg {
+pub(crate) enum SpeculativeArg {
     /// Plain decoding.
     Off,
     /// Multi-token prediction with the model's own head.
@@ -246,7 +246,7 @@ pub enum SpeculativeArg {
 
 impl SpeculativeArg {
     /// The flag's value as typed.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             SpeculativeArg::Off => "off",
             SpeculativeArg::Mtp => "mtp",
@@ -259,7 +259,7 @@ impl SpeculativeArg {
 
 /// `--draft-tokens`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DraftTokens {
+pub(crate) enum DraftTokens {
     /// A fixed depth.
     Fixed(usize),
     /// Chosen per round.
@@ -267,7 +267,7 @@ pub enum DraftTokens {
 }
 
 /// Deepest draft `--draft-tokens` accepts.
-pub const MAX_DRAFT_TOKENS: usize = 16;
+pub(crate) const MAX_DRAFT_TOKENS: usize = 16;
 
 fn parse_draft_tokens(s: &str) -> Result<DraftTokens, String> {
     if s == "auto" {
@@ -283,7 +283,7 @@ fn parse_draft_tokens(s: &str) -> Result<DraftTokens, String> {
 
 /// `info` options.
 #[derive(Debug, Args)]
-pub struct InfoArgs {
+pub(crate) struct InfoArgs {
     /// Model folder.
     #[arg(long, short)]
     pub model: PathBuf,
@@ -294,7 +294,7 @@ pub struct InfoArgs {
 
 /// `--device`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DeviceArg {
+pub(crate) enum DeviceArg {
     /// The CPU backend.
     Cpu,
     /// The GPU (CUDA or Metal build of MLX).
@@ -305,7 +305,7 @@ pub enum DeviceArg {
 
 /// `--dtype`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DtypeArg {
+pub(crate) enum DtypeArg {
     /// 32-bit float.
     F32,
     /// bfloat16.

@@ -74,7 +74,7 @@ fn turn_line(t: &Turn) -> String {
 
 /// Runs `chat`.
 #[allow(clippy::print_stderr)]
-pub fn run(a: ChatArgs, verbose: bool) -> Result<u8> {
+pub(crate) fn run(a: ChatArgs, verbose: bool) -> Result<u8> {
     // Until the first turn Ctrl-C ends the process at once (loading only reads).
     let interrupt = crate::signal::Interrupt::install()?;
     let cancel = interrupt.flag().clone();

@@ -23,7 +23,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use mlx_tensor::{Device, Dtype};
 use runner::DepthPolicy;
-use runner::chat::Message;
+use runner::Message;
 use runner::{FinishReason, GenerateOptions, LoadOptions, SamplingOptions, Session, Speculation};
 
 use args::{
@@ -42,7 +42,7 @@ const EXIT_INTERRUPTED: u8 = 130;
 const EXIT_OUTPUT_CLOSED: u8 = 141;
 
 /// Counts heap bytes, so a chat template's rendering runs in a bounded arena
-/// (`runner::chat::MAX_MEMORY`).
+/// (`runner::apply_chat_template` stops a rendering past its memory limit).
 #[global_allocator]
 static ALLOC: mlx_tensor::budget::Counting = mlx_tensor::budget::Counting;
 
@@ -363,7 +363,7 @@ fn generate(a: GenerateArgs, verbose: bool) -> Result<u8> {
             msgs.push(Message::new("system", s));
         }
         msgs.push(Message::new("user", &prompt_text));
-        let text = runner::chat::apply_chat_template(&m.tokenizer, &msgs)
+        let text = runner::apply_chat_template(&m.tokenizer, &msgs)
             .context("formatting the prompt with the chat template (--chat)")?;
         m.tokenizer.encode_within(&text, false, context)
     } else {

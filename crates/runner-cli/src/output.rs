@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// stdout cannot take output: its reader went away, or it was closed when
 /// the process started (exit [`crate::EXIT_OUTPUT_CLOSED`]).
 #[derive(Debug)]
-pub struct OutputClosed(pub String);
+pub(crate) struct OutputClosed(pub String);
 
 impl std::fmt::Display for OutputClosed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -20,7 +20,7 @@ impl std::error::Error for OutputClosed {}
 
 /// The error for a failed write to stdout: [`OutputClosed`] for a broken
 /// pipe, else a runtime error naming the write.
-pub fn write_error(e: std::io::Error) -> anyhow::Error {
+pub(crate) fn write_error(e: std::io::Error) -> anyhow::Error {
     if e.kind() == std::io::ErrorKind::BrokenPipe {
         OutputClosed("stdout was closed by its reader (broken pipe); generation stopped".into())
             .into()
@@ -31,7 +31,7 @@ pub fn write_error(e: std::io::Error) -> anyhow::Error {
 
 /// Streams generated text to stdout; the first failed write sets `cancel`, so
 /// generation stops at the next token instead of running to `--max-tokens`.
-pub struct Stream<'a> {
+pub(crate) struct Stream<'a> {
     out: std::io::StdoutLock<'static>,
     cancel: &'a AtomicBool,
     error: Option<std::io::Error>,
@@ -39,7 +39,7 @@ pub struct Stream<'a> {
 
 impl<'a> Stream<'a> {
     /// A stream that sets `cancel` when a write fails.
-    pub fn new(cancel: &'a AtomicBool) -> Stream<'a> {
+    pub(crate) fn new(cancel: &'a AtomicBool) -> Stream<'a> {
         Stream {
             out: std::io::stdout().lock(),
             cancel,
@@ -48,7 +48,7 @@ impl<'a> Stream<'a> {
     }
 
     /// Writes and flushes `text`, unless an earlier write failed.
-    pub fn text(&mut self, text: &str) {
+    pub(crate) fn text(&mut self, text: &str) {
         if self.error.is_some() {
             return;
         }
@@ -63,12 +63,12 @@ impl<'a> Stream<'a> {
     }
 
     /// The first write failure, as the error to exit with.
-    pub fn failed(&mut self) -> Option<anyhow::Error> {
+    pub(crate) fn failed(&mut self) -> Option<anyhow::Error> {
         self.error.take().map(write_error)
     }
 
     /// The locked stdout, for what follows the stream.
-    pub fn out(&mut self) -> &mut std::io::StdoutLock<'static> {
+    pub(crate) fn out(&mut self) -> &mut std::io::StdoutLock<'static> {
         &mut self.out
     }
 }
@@ -80,7 +80,7 @@ impl<'a> Stream<'a> {
 /// every write then "succeeds". A user's `>/dev/null` opens it write-only,
 /// so on Linux the two are told apart by the descriptor's access mode.
 /// Elsewhere this check finds nothing.
-pub fn check_stdout_open() -> anyhow::Result<()> {
+pub(crate) fn check_stdout_open() -> anyhow::Result<()> {
     if stdout_was_closed() {
         return Err(OutputClosed(
             "stdout is closed, so nothing could be written; run with stdout open (redirect it \

@@ -1,15 +1,15 @@
-//! `mtp-runner quantize`: arguments and output around `runner::quant::quantize_folder`.
+//! `mtp-runner quantize`: arguments and output around `runner::quantize_folder`.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use runner::quant::{QuantizeOptions, QuantizeReport, quantize_folder_cancellable};
+use runner::{QuantizeOptions, QuantizeReport, quantize_folder_cancellable};
 use serde::Serialize;
 
 /// Examples shown after `quantize --help`.
-pub const AFTER_HELP: &str = "EXAMPLES:
+pub(crate) const AFTER_HELP: &str = "EXAMPLES:
   mtp-runner quantize --model models/tiny-mtp --out /tmp/tiny-mtp-4bit
   mtp-runner quantize --model DIR --out DIR-8bit --bits 8 --group-size 32
   mtp-runner quantize --model DIR --out DIR-4bit --keep-mtp-precision
@@ -21,7 +21,7 @@ in the block): use it when drafts from a quantized head are accepted less often.
 
 /// `quantize` options.
 #[derive(Debug, Args)]
-pub struct QuantizeArgs {
+pub(crate) struct QuantizeArgs {
     /// Model folder to quantize (config.json, *.safetensors, tokenizer files).
     #[arg(long, short)]
     pub model: PathBuf,
@@ -57,7 +57,7 @@ struct Summary<'a> {
 }
 
 /// Runs `quantize`.
-pub fn run(a: QuantizeArgs) -> Result<u8> {
+pub(crate) fn run(a: QuantizeArgs) -> Result<u8> {
     let opts = QuantizeOptions {
         bits: a.bits,
         group_size: a.group_size,

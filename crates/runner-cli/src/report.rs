@@ -6,7 +6,7 @@ use runner::{FinishReason, Generation, ModelInfo};
 
 /// The final `--json` object of `generate`.
 #[derive(Debug, Serialize)]
-pub struct GenerateReport<'a> {
+pub(crate) struct GenerateReport<'a> {
     /// Generated text (cut before a stop string).
     pub text: &'a str,
     /// Generated token ids (without a final EOS).
@@ -33,7 +33,7 @@ pub struct GenerateReport<'a> {
 
 /// The `speculation` object of the `--json` output.
 #[derive(Debug, Serialize)]
-pub struct SpeculationReport {
+pub(crate) struct SpeculationReport {
     /// `mtp` or `off`.
     pub method: String,
     /// Rounds (plain steps inside a speculative run count as rounds of depth 0).
@@ -59,7 +59,7 @@ pub struct SpeculationReport {
 /// Mean costs of a drafted round, in milliseconds (see [`runner::Phases`]
 /// for what each phase covers with and without `MTP_PROFILE_ROUNDS=1`).
 #[derive(Debug, Serialize)]
-pub struct RoundCosts {
+pub(crate) struct RoundCosts {
     /// Whether each round synced per phase (device times per phase).
     pub profiled: bool,
     /// Drafted rounds measured.
@@ -84,7 +84,7 @@ pub struct RoundCosts {
 
 impl RoundCosts {
     /// The means of `t`, `None` without drafted rounds.
-    pub fn new(t: &runner::RoundTimes) -> Option<RoundCosts> {
+    pub(crate) fn new(t: &runner::RoundTimes) -> Option<RoundCosts> {
         if t.rounds == 0 {
             return None;
         }
@@ -108,7 +108,7 @@ impl RoundCosts {
 
 impl SpeculationReport {
     /// The report of `g`'s speculation (`method` `off` without one).
-    pub fn new(g: &Generation) -> Self {
+    pub(crate) fn new(g: &Generation) -> Self {
         match &g.speculation {
             Some(s) => SpeculationReport {
                 method: s.method.as_str().to_owned(),
@@ -144,7 +144,7 @@ impl SpeculationReport {
 
 impl<'a> GenerateReport<'a> {
     /// The report of `g`.
-    pub fn new(g: &'a Generation) -> Self {
+    pub(crate) fn new(g: &'a Generation) -> Self {
         let s = &g.stats;
         GenerateReport {
             text: &g.text,
@@ -163,7 +163,7 @@ impl<'a> GenerateReport<'a> {
 }
 
 /// The JSON name of a finish reason.
-pub fn finish_name(f: FinishReason) -> &'static str {
+pub(crate) fn finish_name(f: FinishReason) -> &'static str {
     match f {
         FinishReason::Eos => "eos",
         FinishReason::Length => "length",
@@ -173,7 +173,7 @@ pub fn finish_name(f: FinishReason) -> &'static str {
 }
 
 /// One line of statistics for stderr.
-pub fn stats_line(g: &Generation) -> String {
+pub(crate) fn stats_line(g: &Generation) -> String {
     let s = &g.stats;
     format!(
         "prompt: {} tokens, {:.1} tokens/s | generation: {} tokens, {:.1} tokens/s | peak memory: {:.1} MiB | finish: {}",
@@ -195,7 +195,7 @@ pub fn stats_line(g: &Generation) -> String {
 }
 
 /// `info` as text.
-pub fn info_text(i: &ModelInfo) -> String {
+pub(crate) fn info_text(i: &ModelInfo) -> String {
     let dtypes: Vec<String> = i
         .dtypes
         .iter()
@@ -246,7 +246,7 @@ pub fn info_text(i: &ModelInfo) -> String {
 
 /// `info` as JSON.
 #[derive(Debug, Serialize)]
-pub struct InfoReport<'a> {
+pub(crate) struct InfoReport<'a> {
     /// `architectures[0]`.
     pub architecture: &'a str,
     /// Registered family.
@@ -281,7 +281,7 @@ pub struct InfoReport<'a> {
 
 impl<'a> InfoReport<'a> {
     /// The report of `i`.
-    pub fn new(i: &'a ModelInfo) -> Self {
+    pub(crate) fn new(i: &'a ModelInfo) -> Self {
         InfoReport {
             architecture: &i.architecture,
             family: &i.family,

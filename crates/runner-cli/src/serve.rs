@@ -22,7 +22,7 @@ use anyhow::{Context, Result};
 
 /// Runs `serve` until SIGINT or SIGTERM.
 #[allow(clippy::print_stderr)]
-pub fn run(a: ServeArgs) -> Result<u8> {
+pub(crate) fn run(a: ServeArgs) -> Result<u8> {
     let model_id = match &a.served_model_name {
         Some(n) => n.clone(),
         None => model_name(&a.decode.model),

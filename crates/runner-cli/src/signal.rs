@@ -20,13 +20,13 @@ static MODE: AtomicU8 = AtomicU8::new(IMMEDIATE);
 
 /// The installed handler: its flag, and the switch between the two phases.
 #[derive(Debug, Clone)]
-pub struct Interrupt {
+pub(crate) struct Interrupt {
     flag: Arc<AtomicBool>,
 }
 
 impl Interrupt {
     /// Installs the handler (once per process), in the immediate mode.
-    pub fn install() -> Result<Interrupt> {
+    pub(crate) fn install() -> Result<Interrupt> {
         let flag = Arc::new(AtomicBool::new(false));
         let f = Arc::clone(&flag);
         ctrlc::set_handler(move || {
@@ -46,12 +46,12 @@ impl Interrupt {
     }
 
     /// The flag Ctrl-C sets in the cooperative mode.
-    pub fn flag(&self) -> &Arc<AtomicBool> {
+    pub(crate) fn flag(&self) -> &Arc<AtomicBool> {
         &self.flag
     }
 
     /// From now on Ctrl-C only sets the flag (generation, writing).
-    pub fn cooperative(&self) {
+    pub(crate) fn cooperative(&self) {
         MODE.store(COOPERATIVE, Ordering::SeqCst);
     }
 }

@@ -9,12 +9,12 @@ use crate::args::{DecodeArgs, SpeculativeArg};
 /// Fails with a [`Usage`] error naming the flags when `a` contradicts itself
 /// or a sampling value is out of range (with generation_config.json's
 /// defaults, read without the weights).
-pub fn decode_args(a: &DecodeArgs) -> Result<()> {
+pub(crate) fn decode_args(a: &DecodeArgs) -> Result<()> {
     conflicts(a)?;
     // FIFOs, devices, dangling links and git-lfs pointers fail here, before
     // anything (the generation_config.json read below included) opens them.
     for dir in std::iter::once(&a.model).chain(a.draft_model.as_ref()) {
-        runner::files::check_model_folder(dir)
+        runner::check_model_folder(dir)
             .with_context(|| format!("checking the model folder {}", dir.display()))?;
     }
     // A folder without generation_config.json means all defaults; a broken one is
@@ -75,7 +75,7 @@ fn conflicts(a: &DecodeArgs) -> Result<()> {
 }
 
 /// Bytes of `--prefix-cache-mib`, or a usage error when they overflow.
-pub fn prefix_cache_bytes(mib: usize) -> Result<usize> {
+pub(crate) fn prefix_cache_bytes(mib: usize) -> Result<usize> {
     mib.checked_mul(1 << 20).ok_or_else(|| {
         Usage(format!(
             "--prefix-cache-mib {mib} is more memory than this machine can address; pass a few \
@@ -86,7 +86,7 @@ pub fn prefix_cache_bytes(mib: usize) -> Result<usize> {
 }
 
 /// `bytes` as text, or a usage error naming `what` and the first bad byte.
-pub fn utf8(bytes: Vec<u8>, what: &str) -> Result<String> {
+pub(crate) fn utf8(bytes: Vec<u8>, what: &str) -> Result<String> {
     String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         Usage(format!(

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
-use runner::models::layers::LinearLayout;
+use runner::LinearLayout;
 use runner::{GenerateOptions, LoadOptions, SamplingOptions, Session};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -37,7 +37,7 @@ const MESSAGES: &[&str] = &[
 
 /// What to run.
 #[derive(Debug, Clone)]
-pub struct SoakOptions {
+pub(crate) struct SoakOptions {
     /// Model folder (needs an MTP head and a chat template).
     pub model: PathBuf,
     /// Stop once this many tokens are generated.
@@ -75,7 +75,7 @@ impl Default for SoakOptions {
 
 /// Memory after one turn.
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// Tokens generated so far.
     pub tokens: usize,
     /// MLX active memory, bytes.
@@ -92,7 +92,7 @@ pub struct Sample {
 
 /// The JSON summary.
 #[derive(Debug, Clone, Serialize)]
-pub struct Summary {
+pub(crate) struct Summary {
     /// Tokens generated.
     pub tokens: usize,
     /// Turns run.
@@ -135,7 +135,7 @@ pub struct Summary {
 
 /// Resident set of this process: `/proc/self/statm`'s resident pages times
 /// the kernel page size; 0 where there is no procfs.
-pub fn rss_bytes() -> usize {
+pub(crate) fn rss_bytes() -> usize {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<usize>().ok())
@@ -159,13 +159,13 @@ fn page_size() -> usize {
 }
 
 /// Runs the soak (see the module docs).
-pub fn soak(o: &SoakOptions) -> Result<Summary, Box<dyn std::error::Error>> {
+pub(crate) fn soak(o: &SoakOptions) -> Result<Summary, Box<dyn std::error::Error>> {
     let m = runner::load(&o.model, LoadOptions::default(), |_, _| {})?;
     run(&m, o)
 }
 
 /// Runs the soak on a loaded model.
-pub fn run(
+pub(crate) fn run(
     m: &runner::LoadedModel,
     o: &SoakOptions,
 ) -> Result<Summary, Box<dyn std::error::Error>> {

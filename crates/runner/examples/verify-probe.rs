@@ -180,11 +180,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // the largest difference in units of the output's magnitude (bf16 keeps 8 bits).
     for (n, k) in [(4096, 4096), (12_288, 4096), (4096, 12_288)] {
         let w = mlx_tensor::random::normal(&[n, k], Dtype::Bfloat16, &mlx_tensor::random::key(3)?)?;
-        let lin = runner::models::layers::Linear::from_weight(
-            &w,
-            None,
-            runner::models::layers::LinearLayout::TransposedView,
-        )?;
+        let lin =
+            runner::testing::Linear::from_weight(&w, None, runner::LinearLayout::TransposedView)?;
         for rows in [2, 5, 8] {
             let x = mlx_tensor::random::normal(
                 &[1, rows, k],

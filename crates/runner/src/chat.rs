@@ -23,7 +23,7 @@ use crate::tokenizer::Tokenizer;
 
 /// Instructions a template may execute before it is stopped (real chat
 /// templates over long conversations use a few thousand per message).
-pub const FUEL: u64 = 5_000_000;
+pub(crate) const FUEL: u64 = 5_000_000;
 /// Longest rendered prompt accepted, in bytes (far beyond any context: a
 /// token is a few bytes).
 pub const MAX_OUTPUT: usize = 16 << 20;

@@ -32,7 +32,7 @@ impl TokenIds {
 
 /// `rope_scaling` as found in config.json (`type` or `rope_type` names the kind).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct RopeScalingRaw {
+pub(crate) struct RopeScalingRaw {
     /// The kind, old spelling.
     #[serde(rename = "type")]
     pub kind: Option<String>,
@@ -199,7 +199,7 @@ pub struct ModelConfig {
     /// Declared MTP layers (`mtp_num_hidden_layers` or `num_nextn_predict_layers`).
     pub mtp_layers: usize,
     /// `mtp_norm_zero_centered`: whether the MTP head's RMSNorm weights are
-    /// stored zero-centred (see [`crate::mtp::zero_centred_norms`] for the rule
+    /// stored zero-centred (see [`crate::models::mtp::zero_centred_norms`] for the rule
     /// when it is absent).
     pub mtp_norm_zero_centered: Option<bool>,
     /// Fraction of each attention head that RoPE rotates (`partial_rotary_factor`, 1 when absent).

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 
 /// Files of a model folder that a load, `info` or `quantize` may open (the
 /// safetensors files are found by listing the folder).
-pub const KNOWN: [&str; 12] = [
+pub(crate) const KNOWN: [&str; 12] = [
     "config.json",
     "generation_config.json",
     "tokenizer.json",
@@ -37,7 +37,7 @@ const LFS_MAX: u64 = 1024;
 
 /// What is at a path, found without opening it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Presence {
+pub(crate) enum Presence {
     /// Nothing (not even a symlink).
     Absent,
     /// A regular file, or a symlink to one, of this many bytes.
@@ -47,7 +47,7 @@ pub enum Presence {
 /// Classifies `path` without opening it: [`Presence::Absent`] when nothing
 /// is there, [`Presence::File`] for a regular file, and [`Error::NotAFile`]
 /// for anything else (a dangling symlink included).
-pub fn regular(path: &Path) -> Result<Presence> {
+pub(crate) fn regular(path: &Path) -> Result<Presence> {
     let io = |source| Error::Io {
         path: path.to_owned(),
         source,
@@ -115,7 +115,7 @@ fn kind_of(t: &std::fs::FileType) -> &'static str {
 }
 
 /// [`regular`], then a git-lfs pointer check of a small file.
-pub fn checked(path: &Path) -> Result<Presence> {
+pub(crate) fn checked(path: &Path) -> Result<Presence> {
     let p = regular(path)?;
     if let Presence::File(bytes) = p
         && bytes <= LFS_MAX
@@ -137,7 +137,8 @@ pub fn checked(path: &Path) -> Result<Presence> {
     Ok(p)
 }
 
-/// Checks every file a load of `dir` may open: the [`KNOWN`] names and each
+/// Checks every file a load of `dir` may open: the config, generation,
+/// tokenizer, chat-template and safetensors-index files and each
 /// `*.safetensors` entry must be absent or a regular file that is not a
 /// git-lfs pointer. A `dir` that is not a folder is left to the loader's own
 /// "config.json not found" error.
@@ -167,7 +168,7 @@ pub fn check_model_folder(dir: &Path) -> Result<()> {
 
 /// Opens `path` for reading after [`regular`] says it is a regular file, so
 /// the open cannot block on a FIFO.
-pub fn open_regular(path: &Path) -> Result<std::fs::File> {
+pub(crate) fn open_regular(path: &Path) -> Result<std::fs::File> {
     match regular(path)? {
         Presence::Absent => Err(Error::Io {
             path: path.to_owned(),

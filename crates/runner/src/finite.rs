@@ -3,13 +3,20 @@
 //!
 //! A NaN or infinite logit makes the softmax NaN, and sampling from NaN
 //! returns an arbitrary id (0, often EOS), so without a check a broken step
-//! looks like a normal end. Checking costs no extra host sync: the check is
-//! one reduction per row (`logsumexp` of the temperature-scaled logits, NaN or
-//! infinite exactly when a logit is NaN or `+inf`, or all are `-inf`),
-//! evaluated in the same graph as the sample and read back with it — one
-//! `[2]` array (token, flag) for a plain step ([`Checked`]), or the flag row
-//! appended to the packed acceptance of a speculative round
-//! ([`read_emitted`]).
+//! looks like a normal end. Checking costs no extra host sync: a row is broken
+//! exactly when its temperature-scaled logsumexp (what the sampler's softmax
+//! normalises by) is NaN or infinite, that is when a logit is NaN or `+inf`,
+//! or all are `-inf`; the flag is evaluated in the same graph as the sample
+//! and read back with it — one `[2]` array (token, flag) for a plain step
+//! ([`Checked`]), or the flag row appended to the packed acceptance of a
+//! speculative round ([`read_emitted`]).
+//!
+//! The sampler computes no logsumexp to share (greedy rows take an argmax;
+//! sampled rows take a softmax after top-k masking, which could hide a NaN),
+//! so the flag is made as cheaply as the same condition allows: a greedy
+//! plain step reads one element, the sampled token's own logit (the argmax
+//! picks a NaN, else a `+inf`); every other row takes one `max` pass, no exp
+//! or log.
 //!
 //! robust2 owns this file. Call sites (in `generate.rs` and `speculate.rs`)
 //! are marked `robust2:`.
@@ -21,7 +28,7 @@ use crate::error::{Error, Result};
 
 /// Why a model's logits may be non-finite, given how it is run.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Causes {
+pub(crate) struct Causes {
     /// The compute dtype.
     pub dtype: Dtype,
     /// The sampling temperature (0 = greedy).
@@ -30,7 +37,7 @@ pub struct Causes {
 
 impl Causes {
     /// The likely causes, most likely first, each with its fix.
-    pub fn explain(&self) -> String {
+    pub(crate) fn explain(&self) -> String {
         let mut out = Vec::new();
         if self.temperature > 0.0 && self.temperature < 1e-3 {
             out.push(format!(
@@ -62,7 +69,7 @@ impl Causes {
 /// A sample and its finiteness flag, both lazy; [`Checked::read`] reads them
 /// with one sync. The token array stays a valid id for the next forward.
 #[derive(Debug, Clone)]
-pub struct Checked {
+pub(crate) struct Checked {
     /// The sampled token `[1]` u32 (for the next forward's input).
     pub token: Array,
     /// `[token, flag]` u32, flag 1 when the row was finite.
@@ -74,31 +81,58 @@ pub struct Checked {
 
 /// Whether each row of `logits` (`[R, V]` or `[V]`) is finite after the
 /// temperature scaling the sampler applies: `[R]` u32, 1 for finite.
-pub fn rows_finite(logits: &Array, opts: &Options) -> Result<Array> {
+///
+/// The row's maximum decides: MLX's `max` propagates NaN, so it is NaN when
+/// a logit is, `+inf` when one is and `-inf` when all are, exactly when the
+/// logsumexp is not finite. Dividing by a positive temperature is monotone,
+/// so the scaled row overflows exactly when its scaled maximum does.
+pub(crate) fn rows_finite(logits: &Array, opts: &Options) -> Result<Array> {
     let v = logits.dim(-1);
-    let rows = logits.reshape(&[-1, v])?.as_type(Dtype::Float32)?;
+    let top = logits
+        .reshape(&[-1, v])?
+        .max(&[-1], false)?
+        .as_type(Dtype::Float32)?;
     let scaled = if opts.is_greedy() {
-        rows
+        top
     } else {
         // The sampler divides by the temperature; so does the check.
-        rows.divide(&Array::from_f32(opts.temperature)?)?
+        top.divide(&Array::from_f32(opts.temperature)?)?
     };
-    let lse = scaled.logsumexp(&[-1], false)?;
+    finite_flag(&scaled)
+}
+
+/// `[n]` u32: 1 where `x` (`[n]` f32) is finite, 0 where it is NaN or ±inf.
+fn finite_flag(x: &Array) -> Result<Array> {
     // `x · 0` is 0 for every finite x and NaN for NaN and ±inf.
     let zero = Array::from_f32(0.0)?;
-    Ok(lse.multiply(&zero)?.equal(&zero)?.as_type(Dtype::Uint32)?)
+    Ok(x.multiply(&zero)?.equal(&zero)?.as_type(Dtype::Uint32)?)
+}
+
+/// The flag of a greedy `token` sampled from the one row of `logits`: its own
+/// logit, one element. The greedy token is the argmax of the penalised
+/// logits; penalties keep NaN and ±inf as they are, and MLX's argmax picks a
+/// NaN first, else a `+inf`, else (all `-inf`) index 0, so the token's logit
+/// is finite exactly when the row's maximum is.
+fn greedy_token_finite(logits: &Array, token: &Array) -> Result<Array> {
+    let v = logits.dim(-1);
+    let own = logits.reshape(&[v])?.take(&token.reshape(&[1])?, 0)?;
+    finite_flag(&own.as_type(Dtype::Float32)?)
 }
 
 /// `token` (the `[1]` sample of the one row of `logits`, for sequence
 /// position `position`) with its flag; `dtype` is the compute dtype.
-pub fn check(
+pub(crate) fn check(
     logits: &Array,
     token: &Array,
     opts: &Options,
     position: usize,
     dtype: Dtype,
 ) -> Result<Checked> {
-    let flag = rows_finite(logits, opts)?;
+    let flag = if opts.is_greedy() {
+        greedy_token_finite(logits, token)?
+    } else {
+        rows_finite(logits, opts)?
+    };
     let both = ops::concatenate(&[token.reshape(&[1])?.as_type(Dtype::Uint32)?, flag], 0)?;
     Ok(Checked {
         token: token.clone(),
@@ -113,13 +147,13 @@ pub fn check(
 
 impl Checked {
     /// Schedules the token and the flag together.
-    pub fn async_eval(&self) -> Result<()> {
+    pub(crate) fn async_eval(&self) -> Result<()> {
         mlx_tensor::async_eval(&[self.token.clone(), self.both.clone()])?;
         Ok(())
     }
 
     /// The token id (one sync), or [`Error::NonFiniteLogits`].
-    pub fn read(&self) -> Result<u32> {
+    pub(crate) fn read(&self) -> Result<u32> {
         let v = self.both.to_vec::<u32>()?;
         if v[1] == 0 {
             return Err(Error::NonFiniteLogits {
@@ -134,7 +168,7 @@ impl Checked {
 /// [`Acceptance::read_emitted`] with the finiteness of the target rows read
 /// in the same sync: an error when a row the outcome depends on (rows
 /// `0..=accepted`) was not finite. `pos` is the position of row 0.
-pub fn read_emitted(
+pub(crate) fn read_emitted(
     acceptance: &Acceptance,
     logits: &Array,
     opts: &Options,
@@ -150,7 +184,8 @@ pub fn read_emitted(
     let flags = rows_finite(logits, opts)?.reshape(&[1, -1])?;
     let all = ops::concatenate(&[packed.clone(), flags], 1)?.to_vec::<u32>()?;
     let (row, flags) = all.split_at(width);
-    let accepted = row[0] as usize;
+    let emitted = acceptance.emitted_from(row);
+    let accepted = emitted.len() - 1;
     if let Some(bad) = flags[..=accepted.min(flags.len() - 1)]
         .iter()
         .position(|&f| f == 0)
@@ -160,8 +195,7 @@ pub fn read_emitted(
             cause: causes.explain(),
         });
     }
-    // The packed layout: accepted, next, then the emitted tokens.
-    Ok(row[2..2 + accepted + 1].to_vec())
+    Ok(emitted)
 }
 
 #[cfg(test)]
@@ -192,6 +226,50 @@ mod tests {
         };
         let e = read(&[0.5, 2.0, 1.0], &tiny).unwrap_err().to_string();
         assert!(e.contains("--temperature 1e-40"), "{e}");
+        Ok(())
+    }
+
+    /// The flag of `logits` (one row) with the token the sampler draws.
+    fn flag(logits: &[f32], opts: &Options) -> Result<u32> {
+        let l = Array::from_slice(logits, &[1, logits.len() as i32])?;
+        let history = sampler::History::new(8);
+        let token = sampler::sample_next(&l, opts, &history, &mlx_tensor::random::key(3)?)?;
+        Ok(check(&l, &token, opts, 0, Dtype::Float32)?
+            .both
+            .to_vec::<u32>()?[1])
+    }
+
+    #[test]
+    fn the_flag_is_the_logsumexp_condition_on_greedy_and_sampled_rows() -> Result<()> {
+        let (nan, inf, ninf) = (f32::NAN, f32::INFINITY, f32::NEG_INFINITY);
+        // (row, finite): a NaN or +inf anywhere, or all -inf, breaks the row,
+        // wherever it sits relative to the largest finite logit; a single
+        // -inf (a masked token) does not.
+        let cases: [(&[f32], bool); 8] = [
+            (&[3.0, 1.0, ninf], true),
+            (&[3.0, nan, 1.0], false),
+            (&[nan, 3.0, 1.0], false),
+            (&[3.0, 1.0, nan], false),
+            (&[3.0, 1.0, inf], false),
+            (&[inf, nan, 1.0], false),
+            (&[ninf, ninf, ninf], false),
+            (&[ninf, 0.0, ninf], true),
+        ];
+        let sampled = Options {
+            temperature: 0.7,
+            ..Options::default()
+        };
+        for opts in [Options::greedy(), sampled] {
+            for (row, finite) in cases {
+                // The control: the logsumexp itself.
+                let lse = Array::from_slice(row, &[1, row.len() as i32])?
+                    .logsumexp(&[-1], false)?
+                    .to_vec::<f32>()?[0];
+                assert_eq!(lse.is_finite(), finite, "control {row:?}");
+                let want = u32::from(finite);
+                assert_eq!(flag(row, &opts)?, want, "{row:?} at T {}", opts.temperature);
+            }
+        }
         Ok(())
     }
 }

@@ -1,7 +1,8 @@
 //! Model loading and generation for mtp-runner.
 //!
 //! `runner` turns a Hugging Face model folder into something that generates.
-//! This file is the library's surface; everything else is `pub(crate)`.
+//! This file is the library's surface; every module is private (tests reach
+//! a few internals through a hidden `testing` door).
 //!
 //! - **Load and inspect**: [`load()`] reads `config.json`, the (sharded)
 //!   safetensors, `tokenizer.json`, `tokenizer_config.json` and
@@ -50,46 +51,35 @@
 //! }
 //! ```
 //!
-//! Stop strings and config errors, without a model:
+//! Config errors, without a model:
 //! ```
-//! use runner::stop::{StopMatcher, StopStep};
-//!
-//! // Text that could begin a stop string is held back until it is decided.
-//! let mut stop = StopMatcher::new(&["</s>".to_owned()]);
-//! assert_eq!(stop.push("Hello <"), StopStep::Continue("Hello ".into()));
-//! assert_eq!(stop.push("/s> more"), StopStep::Stop("".into()));
-//!
 //! // Config errors name the file and the key.
 //! let err = runner::ModelConfig::from_json("{}", "m/config.json".as_ref()).unwrap_err();
 //! assert!(err.to_string().contains("m/config.json"));
 //! assert!(err.to_string().contains("hidden_size"));
+//! assert!(err.is_bad_input());
 //! ```
-#![warn(missing_docs, unreachable_pub)]
+#![warn(missing_docs)]
 
-// Model loading (owned by the loading work; public until its prefixed
-// weight views land, then `pub(crate)` like the rest).
-pub mod chat;
-pub mod config;
+// Model loading: config, weights, families, tokenizer and chat template.
+mod chat;
+mod config;
+mod load;
+mod models;
+mod quant;
+mod quantize;
+mod tokenizer;
+mod weights;
 // Bad-input guards: files in model folders, non-finite values, output folders.
-pub mod files;
-pub mod finite;
-pub mod load;
-pub mod model;
-pub mod models;
-pub mod mtp;
-pub mod out_dir;
-pub mod quant;
-pub mod tokenizer;
-pub mod weights;
+mod files;
+mod finite;
+mod out_dir;
 // Reproducible sampling under a seed (the auto depth's fixed cost model).
-pub mod seeded;
+mod seeded;
 // Text utilities with no model state.
-pub mod detok;
-pub mod stop;
-#[cfg(feature = "testing")]
-pub mod testing;
-
-// The generation core: reached through the re-exports below.
+mod detok;
+mod stop;
+// The generation core.
 mod conversation;
 mod depth;
 mod drafter;
@@ -101,18 +91,25 @@ mod spec_stats;
 mod stats;
 mod warm;
 
+// Internals that the integration tests, examples and benches reach; not API.
+#[doc(hidden)]
+pub mod testing;
+
 pub use chat::{Message, apply_chat_template};
-pub use config::{GenerationConfig, ModelConfig};
+pub use config::{GenerationConfig, HybridConfig, LayerKind, ModelConfig, RopeScaling, TokenIds};
 pub use conversation::{Conversation, END_OF_TURN, Turn};
 pub use depth::DepthPolicy;
 pub use drafter::{DraftMethod, NgramOptions, load_draft};
 pub use error::{Error, Result};
+pub use files::check_model_folder;
 pub use generate::{FinishReason, GenerateOptions, Generation, set_profile_rounds};
 pub use load::{LoadOptions, LoadedModel, ModelInfo, inspect, load};
-pub use model::Model;
+pub use models::Model;
+pub use models::layers::LinearLayout;
 pub use models::sdpa::{AttentionPath, attention_path, set_attention_path};
 pub use models::skinny::set_rows_kernel;
 pub use prefix::{PrefixCache, Reuse, ReuseSource};
+pub use quantize::{QuantizeOptions, QuantizeReport, quantize_folder, quantize_folder_cancellable};
 /// The sampler crate, re-exported for callers that build options.
 pub use sampler;
 pub use sampler::Options as SamplingOptions;

@@ -8,10 +8,11 @@ use mlx_tensor::Dtype;
 
 use crate::config::{GenerationConfig, ModelConfig};
 use crate::error::{Error, Result};
-use crate::model::{Family, Model, resolve};
+use crate::models::Model;
 use crate::models::layers::LinearLayout;
+use crate::models::mtp::MtpLayout;
+use crate::models::registry::{Family, resolve};
 use crate::models::trunk_ends::{MLX_DROPPED_MTP, unused};
-use crate::mtp::MtpLayout;
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
 

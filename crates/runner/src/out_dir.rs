@@ -9,16 +9,6 @@
 //! without a commit (an error, an interruption) removes what it wrote. A
 //! reader therefore sees either no folder (or the empty one it passed) or the
 //! complete one, never a folder that lacks its last files.
-//!
-//! ```
-//! let tmp = tempfile::tempdir().unwrap();
-//! let out = tmp.path().join("model-q4");
-//! let staged = runner::out_dir::StagedDir::claim(&out).unwrap();
-//! staged.write(&staged.path().join("config.json"), b"{}").unwrap();
-//! assert!(!out.exists(), "nothing is visible before the commit");
-//! staged.commit().unwrap();
-//! assert!(out.join("config.json").is_file());
-//! ```
 
 use std::path::{Path, PathBuf};
 
@@ -26,7 +16,7 @@ use crate::error::{Error, Result};
 
 /// An output folder being written in a staging sibling.
 #[derive(Debug)]
-pub struct StagedDir {
+pub(crate) struct StagedDir {
     /// Where the folder will appear.
     out: PathBuf,
     /// The staging sibling everything is written into.
@@ -38,7 +28,7 @@ pub struct StagedDir {
 impl StagedDir {
     /// Claims `out`, which must be absent or an empty folder, by creating its
     /// staging sibling.
-    pub fn claim(out: &Path) -> Result<StagedDir> {
+    pub(crate) fn claim(out: &Path) -> Result<StagedDir> {
         check_out(out)?;
         let bad = |message: String| Error::InvalidOption {
             option: "--out",
@@ -76,18 +66,13 @@ impl StagedDir {
     }
 
     /// The staging folder to write into.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.staging
-    }
-
-    /// The folder that appears on commit.
-    pub fn out(&self) -> &Path {
-        &self.out
     }
 
     /// Writes `bytes` to `path` (inside [`StagedDir::path`]), naming `path`
     /// in the error.
-    pub fn write(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+    pub(crate) fn write(&self, path: &Path, bytes: &[u8]) -> Result<()> {
         std::fs::write(path, bytes).map_err(|source| Error::Write {
             path: path.to_owned(),
             source,
@@ -96,7 +81,7 @@ impl StagedDir {
 
     /// Copies `from` to `to` (inside [`StagedDir::path`]): a failed read
     /// names `from`, a failed write names `to`.
-    pub fn copy(&self, from: &Path, to: &Path) -> Result<u64> {
+    pub(crate) fn copy(&self, from: &Path, to: &Path) -> Result<u64> {
         let mut src = crate::files::open_regular(from)?;
         let mut dst = std::fs::File::create(to).map_err(|source| Error::Write {
             path: to.to_owned(),
@@ -123,7 +108,7 @@ impl StagedDir {
     /// Flushes every file to disk, then renames the staging folder to the
     /// output folder. Fails (and cleans up) when the output folder was
     /// filled by someone else meanwhile.
-    pub fn commit(mut self) -> Result<()> {
+    pub(crate) fn commit(mut self) -> Result<()> {
         let entries = std::fs::read_dir(&self.staging).map_err(|source| Error::Write {
             path: self.staging.clone(),
             source,
@@ -210,4 +195,22 @@ fn check_out(out: &Path) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_is_visible_before_the_commit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("model-q4");
+        let staged = StagedDir::claim(&out).unwrap();
+        staged
+            .write(&staged.path().join("config.json"), b"{}")
+            .unwrap();
+        assert!(!out.exists(), "nothing is visible before the commit");
+        staged.commit().unwrap();
+        assert!(out.join("config.json").is_file());
+    }
 }

@@ -17,8 +17,6 @@
 //! (mlx-lm's rule too); the config then says which `bits` and `group_size`
 //! its shapes must match.
 
-mod write;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -27,12 +25,10 @@ use serde_json::Value;
 
 use crate::error::{Error, Result, read_json};
 
-pub use write::{QuantizeOptions, QuantizeReport, quantize_folder, quantize_folder_cancellable};
-
 /// Bit widths MLX's affine kernels implement.
-pub const SUPPORTED_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];
+pub(crate) const SUPPORTED_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];
 /// Group sizes MLX's affine kernels implement.
-pub const SUPPORTED_GROUP_SIZES: [u32; 3] = [32, 64, 128];
+pub(crate) const SUPPORTED_GROUP_SIZES: [u32; 3] = [32, 64, 128];
 
 /// How one module is quantized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,23 +27,23 @@ use sampler::Options;
 
 /// Cost of one drafted token relative to a plain step (a draft-head step
 /// plus one more verify row); the depth controller's own prior slope.
-pub const DRAFT_COST: f64 = 0.2;
+pub(crate) const DRAFT_COST: f64 = 0.2;
 
 /// Whether `sampling` asks for reproducible randomness (a seed, and sampling
 /// that uses it).
-pub fn reproducible(sampling: &Options) -> bool {
+pub(crate) fn reproducible(sampling: &Options) -> bool {
     sampling.seed.is_some() && !sampling.is_greedy()
 }
 
 /// The cost of a round of depth `drafted` in units of a plain step.
-pub fn modelled_cost(drafted: usize) -> f64 {
+pub(crate) fn modelled_cost(drafted: usize) -> f64 {
     1.0 + DRAFT_COST * drafted as f64
 }
 
 /// The cost sample the depth controller records for a round of depth
 /// `drafted` that took `seconds`: the wall time, or under
 /// [`reproducible`] sampling the [`modelled_cost`].
-pub fn round_cost(seconds: f64, drafted: usize, sampling: &Options) -> f64 {
+pub(crate) fn round_cost(seconds: f64, drafted: usize, sampling: &Options) -> f64 {
     #[cfg(feature = "testing")]
     let seconds = PERTURB
         .with(|p| p.get())

@@ -26,7 +26,7 @@ use crate::drafter::{
     DraftMethod, DraftRun, Drafter, ModelDrafter, MtpDrafter, NgramDrafter, NgramOptions,
 };
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::models::Model;
 pub(crate) use target::Target;
 
 /// Prompt tokens per prefill forward.

@@ -17,7 +17,7 @@ use std::time::Instant;
 use mlx_tensor::{Array, ops};
 
 use crate::error::Result;
-use crate::model::Model;
+use crate::models::Model;
 use crate::models::skinny::MAX_ROWS;
 
 /// Models (by address) already warmed in this process. A model dropped and

@@ -17,8 +17,8 @@ use crate::quant::{QuantConfig, QuantizedTensor};
 mod layout;
 mod vars;
 
-pub use layout::TensorLayout;
-pub use vars::Vars;
+pub(crate) use layout::TensorLayout;
+pub(crate) use vars::Vars;
 
 /// The largest header accepted (the same limit as the `safetensors` crate).
 const MAX_HEADER: u64 = 100_000_000;

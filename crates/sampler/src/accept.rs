@@ -75,7 +75,12 @@ impl BatchAcceptance {
 
     /// Evaluates everything in one graph run and copies it to the host.
     pub fn read(&self) -> Result<BatchOutcome> {
-        let flat = self.packed.to_vec::<u32>()?;
+        Ok(self.outcome(&self.packed.to_vec::<u32>()?))
+    }
+
+    /// The outcome from `flat`, a host copy of [`BatchAcceptance::packed`]
+    /// read together with other arrays: the one reader of the packed layout.
+    pub fn outcome(&self, flat: &[u32]) -> BatchOutcome {
         let width = self.k + 3;
         assert_eq!(
             flat.len(),
@@ -95,7 +100,7 @@ impl BatchAcceptance {
             out.next.push(row[1]);
             out.emitted.extend_from_slice(&row[2..]);
         }
-        Ok(out)
+        out
     }
 
     fn column(&self, start: i32, end: i32) -> Result<Array> {
@@ -142,6 +147,12 @@ impl Acceptance {
     /// The emitted tokens (accepted drafts, then next) with one sync.
     pub fn read_emitted(&self) -> Result<Vec<u32>> {
         Ok(self.inner.read()?.chain(0).to_vec())
+    }
+
+    /// The emitted tokens from `packed`, a host copy of
+    /// [`Acceptance::packed`] read together with other arrays.
+    pub fn emitted_from(&self, packed: &[u32]) -> Vec<u32> {
+        self.inner.outcome(packed).chain(0).to_vec()
     }
 }
 

@@ -7,7 +7,7 @@ use anyhow::Result;
 use plotters::prelude::*;
 use serde_json::Value;
 
-use super::{COLORS, Group, canvas, depth_x, f, legend, line, pe};
+use super::{COLORS, Group, canvas, depth_chart, depth_x, f, legend, line, pe};
 
 /// Shapes in size order; unknown ones after.
 fn shape_rank(s: &str) -> usize {
@@ -37,7 +37,7 @@ fn plain_of<'a>(rows: &[&'a Value], r: &Value) -> Option<&'a Value> {
 
 /// Appends the spec-scale tables and plots of `g` (nothing when it has no such rows).
 // Long: one report section: its tables in order.
-pub fn section(md: &mut String, g: &Group<'_>, dir: &Path, slug: &str) -> Result<()> {
+pub(super) fn section(md: &mut String, g: &Group<'_>, dir: &Path, slug: &str) -> Result<()> {
     let all: Vec<&Value> = g.suite("spec-scale").collect();
     let mut decode: Vec<&Value> = all
         .iter()
@@ -181,24 +181,7 @@ fn plot_depth(rows: &[&Value], shape: &str, path: &Path, g: &Group<'_>) -> Resul
         &format!("spec-scale {shape}: tokens/s against draft depth"),
         g,
     )?;
-    let mut chart = ChartBuilder::on(&area)
-        .margin(16)
-        .x_label_area_size(40)
-        .y_label_area_size(64)
-        .build_cartesian_2d(0.5f64..5.5f64, 0f64..ymax)
-        .map_err(pe)?;
-    chart
-        .configure_mesh()
-        .x_desc("draft tokens per round (depth)")
-        .y_desc("decode tokens/s")
-        .x_labels(5)
-        .x_label_formatter(&|x| match x.round() as i64 {
-            5 => "auto".into(),
-            n => n.to_string(),
-        })
-        .label_style(("sans-serif", 14))
-        .draw()
-        .map_err(pe)?;
+    let mut chart = depth_chart(&area, ymax)?;
     let mut series: Vec<(String, String, String)> = rows
         .iter()
         .map(|r| {

@@ -48,15 +48,15 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 /// The constant the bias channel carries in the residual stream (2^-16).
-pub const BIAS: f32 = 1.0 / 65536.0;
+pub(crate) const BIAS: f32 = 1.0 / 65536.0;
 /// A padding row's unembedding weight on the bias channel (-2^30).
-pub const PAD_WEIGHT: f32 = -1_073_741_824.0;
+pub(crate) const PAD_WEIGHT: f32 = -1_073_741_824.0;
 /// The MTP head's `fc` weight from the embedding half's bias channel to its own (2^-3).
-pub const FC_GAIN: f32 = 1.0 / 8.0;
+pub(crate) const FC_GAIN: f32 = 1.0 / 8.0;
 
 /// A target shape; `head_dim` stays the source's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shape {
+pub(crate) struct Shape {
     /// Hidden width `H'`.
     pub hidden: usize,
     /// MLP width.
@@ -72,7 +72,7 @@ pub struct Shape {
 }
 
 /// The benchmark shapes of issue 16 (head_dim 64 throughout, as the bundled models).
-pub const NAMED: &[(&str, Shape)] = &[
+pub(crate) const NAMED: &[(&str, Shape)] = &[
     (
         "24l",
         Shape {
@@ -122,7 +122,7 @@ pub const NAMED: &[(&str, Shape)] = &[
 
 /// A named shape, or `key=value,...` with the keys hidden, intermediate,
 /// layers, heads, kv_heads, vocab (all required).
-pub fn parse_shape(s: &str) -> io::Result<Shape> {
+pub(crate) fn parse_shape(s: &str) -> io::Result<Shape> {
     if let Some((_, shape)) = NAMED.iter().find(|(n, _)| *n == s) {
         return Ok(*shape);
     }
@@ -164,7 +164,7 @@ pub fn parse_shape(s: &str) -> io::Result<Shape> {
 
 /// The stored dtype of the upscale's big weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutDtype {
+pub(crate) enum OutDtype {
     /// bfloat16 (what the GPU benchmarks run).
     Bf16,
     /// float32 (exact norm and q/k scaling everywhere).
@@ -173,7 +173,7 @@ pub enum OutDtype {
 
 impl OutDtype {
     /// `bf16` or `f32`.
-    pub fn parse(s: &str) -> io::Result<OutDtype> {
+    pub(crate) fn parse(s: &str) -> io::Result<OutDtype> {
         match s {
             "bf16" | "bfloat16" => Ok(OutDtype::Bf16),
             "f32" | "float32" => Ok(OutDtype::F32),
@@ -205,7 +205,7 @@ impl OutDtype {
 
 /// What [`upscale`] wrote.
 #[derive(Debug, Clone)]
-pub struct Summary {
+pub(crate) struct Summary {
     /// Parameters of the upscale.
     pub params: u64,
     /// Bytes of tensor data (the files are sparse: the zeros take no disk).
@@ -224,7 +224,7 @@ pub struct Summary {
 /// `dtype`, in safetensors shards of at most `shard_bytes`. `out` must not
 /// exist, or be empty, or hold an earlier upscale (which is replaced).
 // Long: every tensor family of the checkpoint, widened in order.
-pub fn upscale(
+pub(crate) fn upscale(
     src: &Path,
     shape: &Shape,
     out: &Path,
@@ -414,14 +414,14 @@ impl Dims {
 
 /// Source tensor dtypes upscale reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SrcDtype {
+pub(crate) enum SrcDtype {
     Bf16,
     F32,
 }
 
 /// One tensor, its bytes copied out of the file.
 #[derive(Debug)]
-pub struct Src {
+pub(crate) struct Src {
     /// Stored dtype.
     pub dtype: SrcDtype,
     /// Shape.
@@ -431,7 +431,7 @@ pub struct Src {
 
 impl Src {
     /// Element `i` (row-major) as f32.
-    pub fn get(&self, i: usize) -> f32 {
+    pub(crate) fn get(&self, i: usize) -> f32 {
         match self.dtype {
             SrcDtype::Bf16 => {
                 let b = [self.data[2 * i], self.data[2 * i + 1]];
@@ -453,7 +453,7 @@ impl Src {
 }
 
 /// Every tensor of every `*.safetensors` file in `dir`.
-pub fn read_safetensors(dir: &Path) -> io::Result<BTreeMap<String, Src>> {
+pub(crate) fn read_safetensors(dir: &Path) -> io::Result<BTreeMap<String, Src>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))

@@ -6,23 +6,23 @@ use kvcache::{Cache, KvCache, RecurrentCache, RotatingKvCache};
 use mlx_tensor::Array;
 
 /// Heads and head dim of the test keys/values: `[1, H, L, D]`.
-pub const H: usize = 2;
+pub(crate) const H: usize = 2;
 /// Head dim.
-pub const D: usize = 3;
+pub(crate) const D: usize = 3;
 /// Conv tail length of the fake recurrent layer.
-pub const TAIL: usize = 3;
+pub(crate) const TAIL: usize = 3;
 /// Channels of the fake recurrent layer.
-pub const C: usize = 2;
+pub(crate) const C: usize = 2;
 
 /// Element `j` of position `p` written in generation `version`: distinct
 /// integers below 2^24, so f32 holds them exactly.
-pub fn elem(version: u32, p: usize, j: usize) -> f32 {
+pub(crate) fn elem(version: u32, p: usize, j: usize) -> f32 {
     ((version as usize * 4096 + p) * 8 + j) as f32
 }
 
 /// Keys and values `[1, H, L, D]` for positions `from..from+L` whose versions
 /// are `versions[from..]`.
-pub fn kv_for(versions: &[u32], from: usize) -> (Array, Array) {
+pub(crate) fn kv_for(versions: &[u32], from: usize) -> (Array, Array) {
     let l = versions.len() - from;
     let mut k = Vec::with_capacity(H * l * D);
     for h in 0..H {
@@ -42,7 +42,7 @@ pub fn kv_for(versions: &[u32], from: usize) -> (Array, Array) {
 
 /// The keys `[H, positions, D]` flattened that a cache should return for
 /// these absolute positions.
-pub fn expected_keys(versions: &[u32], positions: &[usize]) -> Vec<f32> {
+pub(crate) fn expected_keys(versions: &[u32], positions: &[usize]) -> Vec<f32> {
     let mut out = Vec::new();
     for h in 0..H {
         for &p in positions {
@@ -56,7 +56,7 @@ pub fn expected_keys(versions: &[u32], positions: &[usize]) -> Vec<f32> {
 
 /// The fake recurrent layer's state after the positions of `versions`:
 /// conv = the last TAIL inputs (zero padded), h = 0.5 h + x.
-pub fn recurrent_state(versions: &[u32]) -> (Vec<f32>, Vec<f32>) {
+pub(crate) fn recurrent_state(versions: &[u32]) -> (Vec<f32>, Vec<f32>) {
     let x = |p: usize| -> Vec<f32> { (0..C).map(|j| elem(versions[p], p, j) / 64.0).collect() };
     let mut h = vec![0.0f32; C];
     for p in 0..versions.len() {
@@ -86,14 +86,14 @@ fn state_arrays(versions: &[u32]) -> (Array, Array) {
 
 /// Which cache a test drives.
 #[derive(Debug, Clone, Copy)]
-pub enum Kind {
+pub(crate) enum Kind {
     Kv,
     Rotating { max_size: usize, keep: usize },
     Recurrent,
 }
 
 impl Kind {
-    pub fn make(self) -> Box<dyn Cache> {
+    pub(crate) fn make(self) -> Box<dyn Cache> {
         match self {
             Kind::Kv => Box::new(KvCache::new()),
             Kind::Rotating { max_size, keep } => {
@@ -107,7 +107,7 @@ impl Kind {
 /// Forwards positions `cache.offset()..history.len()` through the cache the
 /// way a model layer would, and checks what an attention cache returns
 /// against `history`.
-pub fn forward(kind: Kind, cache: &mut dyn Cache, history: &[u32]) {
+pub(crate) fn forward(kind: Kind, cache: &mut dyn Cache, history: &[u32]) {
     let o = cache.offset();
     let l = history.len() - o;
     assert!(l > 0, "forward of no positions");
@@ -144,7 +144,7 @@ pub fn forward(kind: Kind, cache: &mut dyn Cache, history: &[u32]) {
 
 /// The key positions that an update of `l` positions at offset `o` returns,
 /// as the `RotatingKvCache` docs describe them.
-pub fn rotating_positions(max: usize, keep: usize, o: usize, l: usize) -> Vec<usize> {
+pub(crate) fn rotating_positions(max: usize, keep: usize, o: usize, l: usize) -> Vec<usize> {
     let e = o + l;
     let w = max - keep;
     if e <= max {
@@ -168,7 +168,7 @@ pub fn rotating_positions(max: usize, keep: usize, o: usize, l: usize) -> Vec<us
 }
 
 /// A cache of `kind` built fresh from `history` in one forward.
-pub fn fresh(kind: Kind, history: &[u32]) -> Box<dyn Cache> {
+pub(crate) fn fresh(kind: Kind, history: &[u32]) -> Box<dyn Cache> {
     let mut c = kind.make();
     if !history.is_empty() {
         forward(kind, c.as_mut(), history);
@@ -177,7 +177,7 @@ pub fn fresh(kind: Kind, history: &[u32]) -> Box<dyn Cache> {
 }
 
 /// The live contents as host vectors; empty when every array is empty.
-pub fn contents(cache: &dyn Cache) -> Vec<Vec<f32>> {
+pub(crate) fn contents(cache: &dyn Cache) -> Vec<Vec<f32>> {
     let all: Vec<Vec<f32>> = cache
         .live()
         .unwrap()
@@ -192,7 +192,7 @@ pub fn contents(cache: &dyn Cache) -> Vec<Vec<f32>> {
 }
 
 /// Asserts that `cache` holds exactly what a fresh cache of `history` holds.
-pub fn assert_matches_fresh(kind: Kind, cache: &dyn Cache, history: &[u32], what: &str) {
+pub(crate) fn assert_matches_fresh(kind: Kind, cache: &dyn Cache, history: &[u32], what: &str) {
     assert_eq!(cache.offset(), history.len(), "{what}: offset");
     let reference = fresh(kind, history);
     assert_eq!(

@@ -1,20 +1,24 @@
 //! Helpers shared by the mlx-tensor integration tests: building arrays and comparing results.
 #![allow(dead_code)]
 
+mod own_process;
+
+pub(crate) use own_process::own_process;
+
 use mlx_tensor::{Array, Result};
 
 /// An f32 array from a slice (panics on a shape/data mismatch: that is a broken test).
-pub fn arr(data: &[f32], shape: &[i32]) -> Array {
+pub(crate) fn arr(data: &[f32], shape: &[i32]) -> Array {
     Array::from_slice(data, shape).expect("test data fits its shape")
 }
 
 /// An i32 array from a slice.
-pub fn iarr(data: &[i32], shape: &[i32]) -> Array {
+pub(crate) fn iarr(data: &[i32], shape: &[i32]) -> Array {
     Array::from_slice(data, shape).expect("test data fits its shape")
 }
 
 /// Asserts `got ≈ want` element-wise within `tol` (absolute), naming the case.
-pub fn assert_close(case: &str, got: &[f32], want: &[f32], tol: f32) {
+pub(crate) fn assert_close(case: &str, got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(
         got.len(),
         want.len(),
@@ -32,7 +36,7 @@ pub fn assert_close(case: &str, got: &[f32], want: &[f32], tol: f32) {
 
 /// The data-driven check: evaluates `got`, then compares shape and f32 values within `tol`.
 #[track_caller]
-pub fn check(case: &str, got: Result<Array>, shape: &[i32], want: &[f32], tol: f32) {
+pub(crate) fn check(case: &str, got: Result<Array>, shape: &[i32], want: &[f32], tol: f32) {
     let got = got.unwrap_or_else(|e| panic!("{case}: {e}"));
     assert_eq!(got.shape().as_slice(), shape, "{case}: shape");
     let values = got
@@ -43,7 +47,7 @@ pub fn check(case: &str, got: Result<Array>, shape: &[i32], want: &[f32], tol: f
 
 /// Like [`check`] for integer results, compared exactly.
 #[track_caller]
-pub fn check_i(case: &str, got: Result<Array>, shape: &[i32], want: &[i64]) {
+pub(crate) fn check_i(case: &str, got: Result<Array>, shape: &[i32], want: &[i64]) {
     let got = got.unwrap_or_else(|e| panic!("{case}: {e}"));
     assert_eq!(got.shape().as_slice(), shape, "{case}: shape");
     let values = got
@@ -54,7 +58,7 @@ pub fn check_i(case: &str, got: Result<Array>, shape: &[i32], want: &[i64]) {
 
 /// Like [`check`] for boolean results.
 #[track_caller]
-pub fn check_b(case: &str, got: Result<Array>, shape: &[i32], want: &[bool]) {
+pub(crate) fn check_b(case: &str, got: Result<Array>, shape: &[i32], want: &[bool]) {
     let got = got.unwrap_or_else(|e| panic!("{case}: {e}"));
     assert_eq!(got.shape().as_slice(), shape, "{case}: shape");
     let values = got
@@ -64,7 +68,7 @@ pub fn check_b(case: &str, got: Result<Array>, shape: &[i32], want: &[bool]) {
 }
 
 /// A small deterministic pseudo-random sequence (xorshift), in [-1, 1), for host-side references.
-pub fn host_noise(seed: u64, n: usize) -> Vec<f32> {
+pub(crate) fn host_noise(seed: u64, n: usize) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {
@@ -74,29 +78,4 @@ pub fn host_noise(seed: u64, n: usize) -> Vec<f32> {
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
-}
-
-/// Runs `body` in a child process of this test binary, alone (for tests
-/// that measure process-wide state, such as MLX's memory figures, which the
-/// other tests of the one test binary would disturb). `test` is the test's
-/// path (`module::name`); the child runs exactly that test and `body` there.
-pub fn own_process(test: &str, body: impl FnOnce()) {
-    const CHILD: &str = "MTP_TEST_OWN_PROCESS";
-    if std::env::var_os(CHILD).is_some() {
-        body();
-        return;
-    }
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = std::process::Command::new(exe)
-        .args([test, "--exact", "--test-threads=1", "--nocapture"])
-        .env(CHILD, "1")
-        .output()
-        .expect("the test binary runs again");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("1 passed"),
-        "{test} in its own process: {}\n{stdout}\n{stderr}",
-        out.status
-    );
 }

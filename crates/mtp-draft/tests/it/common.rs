@@ -3,8 +3,8 @@
 //! that drives a session the way the speculative decoder does.
 #![allow(dead_code, unused_imports)]
 
-pub mod fake;
-pub mod sim;
+pub(crate) mod fake;
+pub(crate) mod sim;
 
-pub use fake::{Call, FakeHead, Log, Model, OWN};
-pub use sim::{Round, Sim};
+pub(crate) use fake::{Call, FakeHead, Log, Model, OWN};
+pub(crate) use sim::{Round, Sim};

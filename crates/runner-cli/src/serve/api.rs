@@ -9,7 +9,7 @@ use super::error::ApiError;
 
 /// Which endpoint a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
+pub(super) enum Endpoint {
     /// `/v1/chat/completions`: `messages`.
     Chat,
     /// `/v1/completions`: `prompt`.
@@ -18,7 +18,7 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// The request field that holds the prompt.
-    pub fn prompt_field(self) -> &'static str {
+    pub(super) fn prompt_field(self) -> &'static str {
         match self {
             Endpoint::Chat => "messages",
             Endpoint::Completions => "prompt",
@@ -27,7 +27,7 @@ impl Endpoint {
 }
 
 /// Most stop strings a request may give.
-pub const MAX_STOP: usize = 16;
+pub(super) const MAX_STOP: usize = 16;
 
 /// The request fields we read; others are ignored, as OpenAI's own server
 /// ignores fields it does not know. `prompt`, `content` and `stop` take
@@ -68,7 +68,7 @@ struct StreamOptions {
 
 /// A parsed, validated request.
 #[derive(Debug)]
-pub struct Request {
+pub(super) struct Request {
     /// The prompt.
     pub prompt: Prompt,
     /// Overrides of the server's decoding defaults.
@@ -81,7 +81,7 @@ pub struct Request {
 
 /// Parses and checks a request body for `endpoint` on a server of model `served`.
 // Long: one branch per request field of the OpenAI API.
-pub fn parse(body: &[u8], endpoint: Endpoint, served: &str) -> Result<Request, ApiError> {
+pub(super) fn parse(body: &[u8], endpoint: Endpoint, served: &str) -> Result<Request, ApiError> {
     let w = wire(body)?;
     if let Some(m) = &w.model
         && m != served
@@ -346,7 +346,7 @@ fn stops(v: &Value) -> Result<Vec<String>, ApiError> {
 
 /// The fields every response and chunk of one request shares.
 #[derive(Debug, Clone)]
-pub struct Head {
+pub(super) struct Head {
     /// `chatcmpl-N` or `cmpl-N`.
     pub id: String,
     /// Unix seconds.
@@ -381,7 +381,7 @@ impl Head {
     }
 
     /// The whole (non-streaming) response.
-    pub fn response(&self, text: &str, o: &Outcome) -> Value {
+    pub(super) fn response(&self, text: &str, o: &Outcome) -> Value {
         let choice = match self.endpoint {
             Endpoint::Chat => json!({
                 "index": 0,
@@ -400,7 +400,7 @@ impl Head {
     }
 
     /// The first chunk of a chat stream: the assistant's role.
-    pub fn role_chunk(&self) -> Value {
+    pub(super) fn role_chunk(&self) -> Value {
         self.wrap(
             true,
             json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
@@ -409,12 +409,12 @@ impl Head {
     }
 
     /// A chunk carrying `text`.
-    pub fn text_chunk(&self, text: &str) -> Value {
+    pub(super) fn text_chunk(&self, text: &str) -> Value {
         self.piece(text, None)
     }
 
     /// The chunk that ends the choice.
-    pub fn finish_chunk(&self, finish: Finish) -> Value {
+    pub(super) fn finish_chunk(&self, finish: Finish) -> Value {
         self.piece("", Some(finish))
     }
 
@@ -435,14 +435,14 @@ impl Head {
     }
 
     /// The chunk with no choices and the usage (`stream_options.include_usage`).
-    pub fn usage_chunk(&self, o: &Outcome) -> Value {
+    pub(super) fn usage_chunk(&self, o: &Outcome) -> Value {
         self.wrap(true, json!([]), Some(usage(o)))
     }
 }
 
 /// The `usage` object, with `prompt_tokens_details.cached_tokens` and the
 /// `speculation` extension (the keys of `generate --json`).
-pub fn usage(o: &Outcome) -> Value {
+pub(super) fn usage(o: &Outcome) -> Value {
     json!({
         "prompt_tokens": o.prompt_tokens,
         "completion_tokens": o.completion_tokens,

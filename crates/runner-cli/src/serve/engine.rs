@@ -31,7 +31,7 @@ use crate::report::SpeculationReport;
 
 /// How the engine runs, from `serve`'s flags.
 #[derive(Debug)]
-pub struct EngineConfig {
+pub(super) struct EngineConfig {
     /// The model and the decoding defaults (`generate`'s flags).
     pub decode: DecodeArgs,
     /// The id `/v1/models` lists and requests may name.
@@ -47,7 +47,7 @@ pub struct EngineConfig {
 
 /// What the HTTP side knows about the served model.
 #[derive(Debug, Clone)]
-pub struct ModelCard {
+pub(super) struct ModelCard {
     /// The id requests name.
     pub id: String,
     /// Context length in tokens.
@@ -60,7 +60,7 @@ pub struct ModelCard {
 
 /// A prompt in engine terms.
 #[derive(Debug, Clone)]
-pub enum Prompt {
+pub(super) enum Prompt {
     /// Chat messages, rendered with the model's template.
     Chat(Vec<ChatMessage>),
     /// Raw text, tokenized with the tokenizer's special tokens.
@@ -71,7 +71,7 @@ pub enum Prompt {
 
 /// One chat message.
 #[derive(Debug, Clone)]
-pub struct ChatMessage {
+pub(super) struct ChatMessage {
     /// `system`, `user` or `assistant`.
     pub role: String,
     /// The text.
@@ -80,7 +80,7 @@ pub struct ChatMessage {
 
 /// Per-request overrides of the server's decoding defaults; `None` keeps the default.
 #[derive(Debug, Clone, Default)]
-pub struct Params {
+pub(super) struct Params {
     /// Most tokens to generate.
     pub max_tokens: Option<usize>,
     /// Sampling temperature.
@@ -105,7 +105,7 @@ pub struct Params {
 
 /// Why a generation ended, in OpenAI's terms (`stop` covers EOS and stop strings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
+pub(super) enum Finish {
     /// End of sequence or a stop string.
     Stop,
     /// The token budget or the context.
@@ -116,7 +116,7 @@ pub enum Finish {
 
 impl Finish {
     /// The `finish_reason` string.
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Finish::Stop => "stop",
             Finish::Length => "length",
@@ -127,7 +127,7 @@ impl Finish {
 
 /// Speculation counters of one generation, for `/metrics`.
 #[derive(Debug, Clone)]
-pub struct SpecCounts {
+pub(super) struct SpecCounts {
     /// The drafter.
     pub method: String,
     /// Rounds that drafted at least one token.
@@ -142,7 +142,7 @@ pub struct SpecCounts {
 
 /// The result of one request.
 #[derive(Debug)]
-pub struct Outcome {
+pub(super) struct Outcome {
     /// Why it ended.
     pub finish: Finish,
     /// Tokens of the whole prompt.
@@ -166,13 +166,13 @@ pub struct Outcome {
 /// What the engine tells a request's handler, in order: `Started`, any
 /// `Text`, then `Done`; or `Failed` at any point.
 #[derive(Debug)]
-pub enum Event {
+pub(super) enum Event {
     /// The request left the queue and its prefix is in place.
     Started,
     /// A piece of generated text.
     Text(String),
     /// Generation ended.
-    Done(Outcome),
+    Done(Box<Outcome>),
     /// The request failed.
     Failed(ApiError),
 }
@@ -188,7 +188,7 @@ enum TokKind {
 
 /// A request ready to queue: its tokens and options.
 #[derive(Debug)]
-pub struct Prepared {
+pub(super) struct Prepared {
     prompt: Vec<u32>,
     options: GenerateOptions,
     tok: TokKind,
@@ -205,7 +205,7 @@ struct Job {
 /// waits, so a client that goes away (the handler or stream is dropped)
 /// stops its decoding before the next round, or before it starts.
 #[derive(Debug)]
-pub struct Ticket {
+pub(super) struct Ticket {
     cancel: Arc<AtomicBool>,
 }
 
@@ -268,7 +268,7 @@ impl Tokenizers {
 
 /// The handle the HTTP side holds (cheap to clone).
 #[derive(Debug, Clone)]
-pub struct Engine {
+pub(super) struct Engine {
     card: ModelCard,
     tokenizers: Arc<Tokenizers>,
     defaults: Arc<GenerateOptions>,
@@ -280,18 +280,18 @@ pub struct Engine {
 
 /// Shuts the engine down from the signal handler without holding the queue open.
 #[derive(Debug, Clone)]
-pub struct Stopper {
+pub(super) struct Stopper {
     shared: Arc<Shared>,
 }
 
 impl Stopper {
     /// Refuse new requests (those queued still run).
-    pub fn drain(&self) {
+    pub(super) fn drain(&self) {
         self.shared.draining.store(true, Ordering::Relaxed);
     }
 
     /// Cancel the running request and every queued one.
-    pub fn abort_all(&self) {
+    pub(super) fn abort_all(&self) {
         self.drain();
         self.shared.abort_all.store(true, Ordering::Relaxed);
         if let Some(c) = self.shared.current.lock().expect("engine lock").as_ref() {
@@ -301,7 +301,10 @@ impl Stopper {
 }
 
 /// Loads the model on a new engine thread and returns its handle once it is ready.
-pub fn start(config: EngineConfig, metrics: Arc<Metrics>) -> Result<(Engine, JoinHandle<()>)> {
+pub(super) fn start(
+    config: EngineConfig,
+    metrics: Arc<Metrics>,
+) -> Result<(Engine, JoinHandle<()>)> {
     crate::validate::decode_args(&config.decode)?;
     if config.queue == 0 {
         return Err(crate::Usage(
@@ -352,19 +355,19 @@ struct Ready {
 
 impl Engine {
     /// The served model.
-    pub fn card(&self) -> &ModelCard {
+    pub(super) fn card(&self) -> &ModelCard {
         &self.card
     }
 
     /// A handle that can stop the engine.
-    pub fn stopper(&self) -> Stopper {
+    pub(super) fn stopper(&self) -> Stopper {
         Stopper {
             shared: Arc::clone(&self.shared),
         }
     }
 
     /// True until shutdown begins or the engine thread ends.
-    pub fn accepting(&self) -> bool {
+    pub(super) fn accepting(&self) -> bool {
         !self.shared.draining.load(Ordering::Relaxed)
             && !self.shared.stopped.load(Ordering::Relaxed)
     }
@@ -373,7 +376,7 @@ impl Engine {
     /// server's defaults, on the caller's thread: bad input is answered
     /// before the request waits in the queue. `field` names the prompt's
     /// request field in errors.
-    pub fn prepare(
+    pub(super) fn prepare(
         &self,
         prompt: &Prompt,
         params: &Params,
@@ -423,7 +426,7 @@ impl Engine {
                     .iter()
                     .map(|m| Message::new(&m.role, &m.content))
                     .collect();
-                let text = runner::chat::apply_chat_template(tok, &msgs).map_err(bad)?;
+                let text = runner::apply_chat_template(tok, &msgs).map_err(bad)?;
                 Ok((tok.encode(&text, false).map_err(bad)?, TokKind::Chat))
             }
             Prompt::Text(text) => Ok((
@@ -484,7 +487,7 @@ impl Engine {
     /// Queues `prepared`; its events arrive on `events`. Returns the ticket
     /// that cancels it when dropped, or 429 when the queue is full and 503
     /// when the server is shutting down.
-    pub fn submit(
+    pub(super) fn submit(
         &self,
         prepared: Prepared,
         events: UnboundedSender<Event>,
@@ -618,7 +621,7 @@ impl<'m> Worker<'m> {
         let event = match result {
             Ok(o) => {
                 self.metrics.record_outcome(&o);
-                Event::Done(o)
+                Event::Done(Box::new(o))
             }
             Err(e) => {
                 let api = to_api_error(&e);

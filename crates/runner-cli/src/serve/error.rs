@@ -7,7 +7,7 @@ use serde_json::json;
 
 /// A request that cannot be served, as the client sees it.
 #[derive(Debug, Clone)]
-pub struct ApiError {
+pub(super) struct ApiError {
     status: StatusCode,
     kind: &'static str,
     message: String,
@@ -28,7 +28,7 @@ impl ApiError {
     }
 
     /// 400: a bad value of `param` (empty: no single field).
-    pub fn invalid(param: &str, message: String) -> ApiError {
+    pub(super) fn invalid(param: &str, message: String) -> ApiError {
         ApiError {
             param: (!param.is_empty()).then(|| param.to_owned()),
             ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
@@ -36,7 +36,7 @@ impl ApiError {
     }
 
     /// 400: the body is not JSON.
-    pub fn bad_json(message: String) -> ApiError {
+    pub(super) fn bad_json(message: String) -> ApiError {
         ApiError {
             code: Some("invalid_json"),
             ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
@@ -44,7 +44,7 @@ impl ApiError {
     }
 
     /// 400: `model` names a model this server does not serve.
-    pub fn unknown_model(asked: &str, served: &str) -> ApiError {
+    pub(super) fn unknown_model(asked: &str, served: &str) -> ApiError {
         ApiError {
             code: Some("model_not_found"),
             ..ApiError::invalid(
@@ -58,7 +58,7 @@ impl ApiError {
     }
 
     /// 413: the body is over the limit.
-    pub fn too_large(limit: usize) -> ApiError {
+    pub(super) fn too_large(limit: usize) -> ApiError {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
@@ -70,7 +70,7 @@ impl ApiError {
     }
 
     /// 429: the queue is full.
-    pub fn queue_full(queue: usize) -> ApiError {
+    pub(super) fn queue_full(queue: usize) -> ApiError {
         ApiError {
             code: Some("queue_full"),
             ..ApiError::new(
@@ -85,7 +85,7 @@ impl ApiError {
     }
 
     /// 503: the server cannot take the request now.
-    pub fn unavailable(message: &str) -> ApiError {
+    pub(super) fn unavailable(message: &str) -> ApiError {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "service_unavailable",
@@ -94,12 +94,12 @@ impl ApiError {
     }
 
     /// 500: our failure.
-    pub fn internal(message: String) -> ApiError {
+    pub(super) fn internal(message: String) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
 
     /// 404: no such route.
-    pub fn not_found(path: &str) -> ApiError {
+    pub(super) fn not_found(path: &str) -> ApiError {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
@@ -111,7 +111,7 @@ impl ApiError {
     }
 
     /// 405: the route exists with another method.
-    pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
+    pub(super) fn method_not_allowed(method: &str, path: &str) -> ApiError {
         ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             "invalid_request_error",
@@ -120,12 +120,12 @@ impl ApiError {
     }
 
     /// True for a 5xx status.
-    pub fn is_server_error(&self) -> bool {
+    pub(super) fn is_server_error(&self) -> bool {
         self.status.is_server_error()
     }
 
     /// The error object (`{"error": ...}`), also sent inside an event stream.
-    pub fn body(&self) -> serde_json::Value {
+    pub(super) fn body(&self) -> serde_json::Value {
         json!({"error": {
             "message": self.message,
             "type": self.kind,

@@ -86,7 +86,7 @@ struct State {
 
 /// Every figure `/metrics` shows.
 #[derive(Debug)]
-pub struct Metrics {
+pub(super) struct Metrics {
     /// Requests in the queue (not yet running).
     pub waiting: AtomicI64,
     /// Requests generating now (0 or 1).
@@ -131,7 +131,7 @@ impl Metrics {
     }
 
     /// One HTTP response.
-    pub fn record_request(&self, route: &str, status: u16) {
+    pub(super) fn record_request(&self, route: &str, status: u16) {
         *self
             .state()
             .requests
@@ -140,7 +140,7 @@ impl Metrics {
     }
 
     /// One finished generation.
-    pub fn record_outcome(&self, o: &Outcome) {
+    pub(super) fn record_outcome(&self, o: &Outcome) {
         let mut s = self.state();
         let reason = match o.finish {
             Finish::Stop => "stop",
@@ -171,18 +171,18 @@ impl Metrics {
     }
 
     /// A request cancelled before it ran (its client left while it waited).
-    pub fn record_cancelled_in_queue(&self) {
+    pub(super) fn record_cancelled_in_queue(&self) {
         *self.state().finished.entry("cancelled").or_default() += 1;
     }
 
     /// A generation that failed.
-    pub fn record_failed(&self) {
+    pub(super) fn record_failed(&self) {
         *self.state().finished.entry("error").or_default() += 1;
     }
 
     /// The Prometheus text exposition.
     // Long: one block per Prometheus metric family.
-    pub fn render(&self) -> String {
+    pub(super) fn render(&self) -> String {
         let s = self.state();
         let mut out = String::new();
         header(

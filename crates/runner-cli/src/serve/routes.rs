@@ -26,7 +26,7 @@ use super::metrics::Metrics;
 
 /// What every handler shares.
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub(super) struct AppState {
     /// The engine handle.
     pub engine: Engine,
     /// The figures.
@@ -38,7 +38,7 @@ pub struct AppState {
 }
 
 /// The router of every route.
-pub fn router(state: AppState) -> Router {
+pub(super) fn router(state: AppState) -> Router {
     let limit = state.max_body;
     Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -173,7 +173,7 @@ async fn complete(
     let outcome = loop {
         match rx.recv().await {
             Some(Event::Text(t)) => text.push_str(&t),
-            Some(Event::Done(o)) => break o,
+            Some(Event::Done(o)) => break *o,
             Some(Event::Failed(e)) => return Err(e),
             Some(Event::Started) => {}
             None => return Err(ApiError::unavailable("the engine stopped")),

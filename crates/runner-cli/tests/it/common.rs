@@ -11,11 +11,11 @@ use std::process::{Command, Output, Stdio};
 use runner::testing::{Fixture, write_checkpoint};
 
 /// The `mtp-runner` binary under test.
-pub const BIN: &str = env!("CARGO_BIN_EXE_mtp-runner");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_mtp-runner");
 
 /// A Qwen3 checkpoint large enough (hidden 512, 12 layers) that loading or
 /// quantizing it takes long enough to interrupt (seed 1).
-pub fn slow_fixture() -> tempfile::TempDir {
+pub(crate) fn slow_fixture() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let fx = Fixture {
         hidden: 512,
@@ -31,28 +31,31 @@ pub fn slow_fixture() -> tempfile::TempDir {
 }
 
 /// A temporary checkpoint of `fx` (seed 3).
-pub fn fixture(fx: &Fixture) -> tempfile::TempDir {
+pub(crate) fn fixture(fx: &Fixture) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     write_checkpoint(dir.path(), fx, 3).unwrap();
     dir
 }
 
 /// A bundled model folder, `models/<name>`.
-pub fn bundled(name: &str) -> PathBuf {
+pub(crate) fn bundled(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../models")
         .join(name)
 }
 
 /// `generate --model <model> rest..`.
-pub fn generate_args<'a, P: AsRef<Path> + ?Sized>(model: &'a P, rest: &[&'a str]) -> Vec<&'a str> {
+pub(crate) fn generate_args<'a, P: AsRef<Path> + ?Sized>(
+    model: &'a P,
+    rest: &[&'a str],
+) -> Vec<&'a str> {
     let mut v = vec!["generate", "--model", model.as_ref().to_str().unwrap()];
     v.extend_from_slice(rest);
     v
 }
 
 /// Runs the binary with `args`, `stdin` written and closed; stdout and stderr captured.
-pub fn run_with_stdin<S: AsRef<OsStr>>(args: &[S], stdin: &[u8]) -> Output {
+pub(crate) fn run_with_stdin<S: AsRef<OsStr>>(args: &[S], stdin: &[u8]) -> Output {
     let mut child = Command::new(BIN)
         .args(args)
         .stdin(Stdio::piped())
@@ -65,12 +68,12 @@ pub fn run_with_stdin<S: AsRef<OsStr>>(args: &[S], stdin: &[u8]) -> Output {
 }
 
 /// Runs the binary with `args` and an empty stdin.
-pub fn run<S: AsRef<OsStr>>(args: &[S]) -> Output {
+pub(crate) fn run<S: AsRef<OsStr>>(args: &[S]) -> Output {
     run_with_stdin(args, b"")
 }
 
 /// Runs with `args` and `stdin`, checks the exit code and that stderr mentions each of `needles`.
-pub fn check_with_stdin<S: AsRef<OsStr>>(
+pub(crate) fn check_with_stdin<S: AsRef<OsStr>>(
     args: &[S],
     stdin: &[u8],
     code: i32,
@@ -90,6 +93,6 @@ pub fn check_with_stdin<S: AsRef<OsStr>>(
 }
 
 /// [`check_with_stdin`] with an empty stdin.
-pub fn check<S: AsRef<OsStr>>(args: &[S], code: i32, needles: &[&str]) -> Output {
+pub(crate) fn check<S: AsRef<OsStr>>(args: &[S], code: i32, needles: &[&str]) -> Output {
     check_with_stdin(args, b"", code, needles)
 }

@@ -28,7 +28,7 @@ fn step(m: &dyn Model, caches: &mut [Box<dyn kvcache::Cache>], t: &Array) -> Arr
 }
 
 /// Measures `rounds` steps at key length ~1,000 (`ids(n, salt)`: `n` token ids).
-pub fn probe(m: &dyn Model, ids: &dyn Fn(usize, u32) -> Vec<u32>, rounds: usize) -> Value {
+pub(crate) fn probe(m: &dyn Model, ids: &dyn Fn(usize, u32) -> Vec<u32>, rounds: usize) -> Value {
     let mut caches = m.new_caches();
     let prompt = Array::from_slice(&ids(1000, 5), &[1000]).expect("tokens");
     m.forward(&prompt, &mut caches)

@@ -18,7 +18,7 @@ use mtp_draft::{DraftChain, DraftSampling, Proposal};
 use crate::config::{GenerationConfig, ModelConfig};
 use crate::error::{Error, Result};
 use crate::load::{LoadOptions, LoadedModel, load};
-use crate::model::Model;
+use crate::models::Model;
 use crate::tokenizer::Tokenizer;
 
 /// Tokens per catch-up forward when `pending` is long (a prompt).

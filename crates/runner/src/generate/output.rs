@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::{FinishReason, Generation};
 use crate::detok::StreamDetokenizer;
 use crate::error::Result;
-use crate::model::Model;
+use crate::models::Model;
 use crate::stats::Stats;
 use crate::stop::{StopMatcher, StopStep};
 use crate::tokenizer::Tokenizer;

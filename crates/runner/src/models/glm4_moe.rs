@@ -15,19 +15,23 @@ use mlx_tensor::Array;
 
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::model::Model;
+use crate::models::Model;
 use crate::models::attention::AttentionCore;
 use crate::models::layers::{
     Linear, LinearLayout, RmsNorm, embedding, linear, pre_norm_block, rms_norm,
 };
 use crate::models::moe::{FeedForward, MoeConfig, MoeDefaults, Scoring};
+use crate::models::mtp::{HeadBlock, MtpHead, MtpLayout};
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
-use crate::mtp::{HeadBlock, MtpHead, MtpLayout};
 use crate::weights::{Vars, Weights};
 
 /// Builds a GLM-4.5 model.
-pub fn build_glm4_moe(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
+pub(crate) fn build_glm4_moe(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
     Ok(Box::new(Glm4Moe::load(c, w, l)?))
 }
 
@@ -169,7 +173,7 @@ impl HeadBlock for GlmLayer {
 
 /// A GLM-4.5 decoder.
 #[derive(Debug)]
-pub struct Glm4Moe {
+pub(crate) struct Glm4Moe {
     ends: TrunkEnds,
     layers: Vec<GlmLayer>,
     rope: Rope,
@@ -178,7 +182,7 @@ pub struct Glm4Moe {
 impl Glm4Moe {
     /// Takes the family's tensors out of `w`, checking every shape against `c`.
     // Long: reads like the checkpoint: config, trunk, head, MTP, in tensor order.
-    pub fn load(c: &ModelConfig, w: &mut Weights, layout: LinearLayout) -> Result<Glm4Moe> {
+    pub(crate) fn load(c: &ModelConfig, w: &mut Weights, layout: LinearLayout) -> Result<Glm4Moe> {
         let moe = moe_config(c)?;
         let h = c.hidden_size;
         let tl = w.layout().clone();

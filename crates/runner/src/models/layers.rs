@@ -9,7 +9,7 @@ use crate::weights::{Vars, Weights};
 
 /// The linear module at `vb`: `weight` `[output, input]` (packed with
 /// `scales` and `biases` when quantized) and, when `bias`, `bias` `[output]`.
-pub fn linear(
+pub(crate) fn linear(
     mut vb: Vars<'_>,
     input: usize,
     output: usize,
@@ -32,7 +32,7 @@ pub fn linear(
 }
 
 /// The RMSNorm module at `vb`: `weight` `[dim]`.
-pub fn rms_norm(mut vb: Vars<'_>, dim: usize, eps: f32) -> Result<RmsNorm> {
+pub(crate) fn rms_norm(mut vb: Vars<'_>, dim: usize, eps: f32) -> Result<RmsNorm> {
     Ok(RmsNorm {
         weight: vb.take("weight", &[dim])?,
         eps,
@@ -40,7 +40,7 @@ pub fn rms_norm(mut vb: Vars<'_>, dim: usize, eps: f32) -> Result<RmsNorm> {
 }
 
 /// The embedding module at `vb`: `weight` `[vocab, hidden]` (packed when quantized).
-pub fn embedding(mut vb: Vars<'_>, vocab: usize, hidden: usize) -> Result<Embedding> {
+pub(crate) fn embedding(mut vb: Vars<'_>, vocab: usize, hidden: usize) -> Result<Embedding> {
     let table = match vb.take_quantized(vocab, hidden)? {
         Some(q) => Table::Quantized(q),
         None => Table::Dense(vb.take("weight", &[vocab, hidden])?),
@@ -289,14 +289,14 @@ impl Embedding {
 
 /// RMSNorm with a learned scale.
 #[derive(Debug, Clone)]
-pub struct RmsNorm {
+pub(crate) struct RmsNorm {
     weight: Array,
     eps: f32,
 }
 
 impl RmsNorm {
     /// Takes `{name}` of shape `[dim]`.
-    pub fn load(w: &mut Weights, name: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
+    pub(crate) fn load(w: &mut Weights, name: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
         Ok(RmsNorm {
             weight: w.take(name, &[dim as i32])?,
             eps,
@@ -304,13 +304,13 @@ impl RmsNorm {
     }
 
     /// Normalises the last axis.
-    pub fn forward(&self, x: &Array) -> Result<Array> {
+    pub(crate) fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
     }
 
     /// The same norm with `1` added to its weight: how a zero-centred
     /// checkpoint norm (`x · (1 + w)`) is loaded, once.
-    pub fn shifted_by_one(&self) -> Result<RmsNorm> {
+    pub(crate) fn shifted_by_one(&self) -> Result<RmsNorm> {
         let one = Array::scalar(1.0, self.weight.dtype())?;
         Ok(RmsNorm {
             weight: self.weight.add(&one)?,
@@ -321,7 +321,7 @@ impl RmsNorm {
 
 /// The SwiGLU MLP: `down(silu(gate(x)) * up(x))`.
 #[derive(Debug, Clone)]
-pub struct Mlp {
+pub(crate) struct Mlp {
     gate: Linear,
     up: Linear,
     down: Linear,
@@ -330,7 +330,7 @@ pub struct Mlp {
 impl Mlp {
     /// The MLP module at `vb`: `{gate,up,down}_proj`, with biases when `bias`
     /// (Llama's `mlp_bias`).
-    pub fn new(
+    pub(crate) fn new(
         mut vb: Vars<'_>,
         hidden: usize,
         inter: usize,
@@ -344,19 +344,8 @@ impl Mlp {
         })
     }
 
-    /// Takes `{prefix}.{gate,up,down}_proj.weight`.
-    pub fn load(
-        w: &mut Weights,
-        prefix: &str,
-        hidden: usize,
-        inter: usize,
-        layout: LinearLayout,
-    ) -> Result<Mlp> {
-        Mlp::new(Vars::new(w, prefix), hidden, inter, false, layout)
-    }
-
     /// The arrays to evaluate at load.
-    pub fn arrays(&self) -> Vec<Array> {
+    pub(crate) fn arrays(&self) -> Vec<Array> {
         [&self.gate, &self.up, &self.down]
             .iter()
             .flat_map(|l| l.arrays())
@@ -364,7 +353,7 @@ impl Mlp {
     }
 
     /// Applies the MLP.
-    pub fn forward(&self, x: &Array) -> Result<Array> {
+    pub(crate) fn forward(&self, x: &Array) -> Result<Array> {
         let g = self.gate.forward(x)?.silu()?;
         let u = self.up.forward(x)?;
         self.down.forward(&g.multiply(&u)?)

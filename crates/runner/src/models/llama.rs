@@ -5,21 +5,21 @@ use mlx_tensor::Array;
 
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::model::Model;
+use crate::models::Model;
 use crate::models::attention::AttentionCore;
 use crate::models::layers::{
     Linear, LinearLayout, Mlp, RmsNorm, embedding, linear, pre_norm_block, rms_norm,
 };
 use crate::models::moe::{FeedForward, MoeBlock, MoeConfig, MoeDefaults, Scoring};
+use crate::models::mtp::{MtpHead, MtpLayout};
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
-use crate::mtp::{MtpHead, MtpLayout};
 use crate::weights::{Vars, Weights};
 use kvcache::{Cache, KvCache, RotatingKvCache};
 
 /// What distinguishes the members of the family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Variant {
+pub(crate) struct Variant {
     /// q/k/v projections carry a bias (Qwen2).
     pub qkv_bias: bool,
     /// Per-head RMSNorm of q and k before RoPE (Qwen3).
@@ -33,7 +33,7 @@ pub struct Variant {
 
 /// How a member of the family reads `sliding_window` (transformers' rules).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WindowRule {
+pub(crate) enum WindowRule {
     /// No sliding window (Llama).
     Never,
     /// Every layer, when `sliding_window` is set (Mistral).
@@ -51,12 +51,20 @@ const LLAMA: Variant = Variant {
 };
 
 /// Builds Llama (`attention_bias` puts a bias on q/k/v/o, `mlp_bias` on the MLP).
-pub fn build_llama(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
+pub(crate) fn build_llama(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
     Ok(Box::new(Llama::load(c, w, LLAMA, l)?))
 }
 
 /// Builds Mistral: Llama with `sliding_window` attention on every layer.
-pub fn build_mistral(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
+pub(crate) fn build_mistral(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
     let v = Variant {
         window: WindowRule::Always,
         ..LLAMA
@@ -65,7 +73,11 @@ pub fn build_mistral(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Resul
 }
 
 /// Builds Qwen2 / Qwen2.5, and MiMo (a Qwen2 trunk with `model.mtp_layers.*`).
-pub fn build_qwen2(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
+pub(crate) fn build_qwen2(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
     let v = Variant {
         qkv_bias: true,
         window: WindowRule::LayerTypes,
@@ -75,7 +87,11 @@ pub fn build_qwen2(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<
 }
 
 /// Builds Qwen3.
-pub fn build_qwen3(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
+pub(crate) fn build_qwen3(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
     let v = Variant {
         qk_norm: true,
         window: WindowRule::LayerTypes,
@@ -85,7 +101,7 @@ pub fn build_qwen3(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<
 }
 
 /// Builds Qwen2-MoE: Qwen2 with MoE layers and a sigmoid-gated shared expert.
-pub fn build_qwen2_moe(
+pub(crate) fn build_qwen2_moe(
     c: &ModelConfig,
     w: &mut Weights,
     l: LinearLayout,
@@ -100,7 +116,7 @@ pub fn build_qwen2_moe(
 }
 
 /// Builds Qwen3-MoE: Qwen3 with MoE layers (no shared expert).
-pub fn build_qwen3_moe(
+pub(crate) fn build_qwen3_moe(
     c: &ModelConfig,
     w: &mut Weights,
     l: LinearLayout,
@@ -341,7 +357,7 @@ impl Layer {
 
 /// A Llama-family decoder.
 #[derive(Debug)]
-pub struct Llama {
+pub(crate) struct Llama {
     ends: TrunkEnds,
     layers: Vec<Layer>,
     rope: Rope,
@@ -351,7 +367,7 @@ pub struct Llama {
 
 impl Llama {
     /// Takes the family's tensors out of `w`, checking every shape against `c`.
-    pub fn load(
+    pub(crate) fn load(
         c: &ModelConfig,
         w: &mut Weights,
         variant: Variant,

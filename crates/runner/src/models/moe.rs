@@ -11,7 +11,8 @@
 //! // Per decoder layer `i`, on the view of `{trunk}.layers.{i}.mlp`: a MoE
 //! // block where `moe.sparse` says layer `i` is sparse, else the dense SwiGLU
 //! // MLP of `c.intermediate_size`.
-//! let mlp: FeedForward = feed_forward(moe.as_ref(), i, p.pp("mlp"), h, c.intermediate_size, layout)?;
+//! let sparse = moe.as_ref().filter(|m| m.sparse.is_sparse(i));
+//! let mlp = FeedForward::load(sparse, p.pp("mlp"), h, c.intermediate_size, layout)?;
 //! // In the forward: `mlp.forward(&x)` for `x` `[..., H]`; at load, `mlp.arrays()`.
 //! ```
 //!
@@ -27,8 +28,8 @@ mod experts;
 
 use mlx_tensor::{Array, Dtype};
 
-pub use config::{MoeConfig, MoeDefaults, Scoring, SharedExperts, SparseLayers};
-pub use experts::Experts;
+pub(crate) use config::{MoeConfig, MoeDefaults, Scoring, SharedExperts};
+pub(crate) use experts::Experts;
 
 use crate::error::Result;
 use crate::models::layers::{Linear, LinearLayout, Mlp, linear};
@@ -36,7 +37,7 @@ use crate::weights::Vars;
 
 /// A decoder layer's feed-forward: the dense SwiGLU MLP or a MoE block.
 #[derive(Debug, Clone)]
-pub enum FeedForward {
+pub(crate) enum FeedForward {
     /// A SwiGLU MLP.
     Dense(Mlp),
     /// A mixture-of-experts block.
@@ -46,7 +47,7 @@ pub enum FeedForward {
 impl FeedForward {
     /// The feed-forward under `mlp`: a [`MoeBlock`] of `moe` when given,
     /// else a dense [`Mlp`] of inner width `dense_intermediate`.
-    pub fn load(
+    pub(crate) fn load(
         moe: Option<&MoeConfig>,
         mlp: Vars<'_>,
         hidden: usize,
@@ -60,7 +61,7 @@ impl FeedForward {
     }
 
     /// Applies the layer to `x` `[..., H]`.
-    pub fn forward(&self, x: &Array) -> Result<Array> {
+    pub(crate) fn forward(&self, x: &Array) -> Result<Array> {
         match self {
             FeedForward::Dense(m) => m.forward(x),
             FeedForward::Sparse(m) => m.forward(x),
@@ -68,27 +69,12 @@ impl FeedForward {
     }
 
     /// The arrays to evaluate at load.
-    pub fn arrays(&self) -> Vec<Array> {
+    pub(crate) fn arrays(&self) -> Vec<Array> {
         match self {
             FeedForward::Dense(m) => m.arrays(),
             FeedForward::Sparse(m) => m.arrays(),
         }
     }
-}
-
-/// The feed-forward of decoder layer `layer` under `mlp`: a [`MoeBlock`]
-/// when `moe` says the layer is sparse, else a dense [`Mlp`] of inner width
-/// `dense_intermediate`.
-pub fn feed_forward(
-    moe: Option<&MoeConfig>,
-    layer: usize,
-    mlp: Vars<'_>,
-    hidden: usize,
-    dense_intermediate: usize,
-    layout: LinearLayout,
-) -> Result<FeedForward> {
-    let moe = moe.filter(|m| m.sparse.is_sparse(layer));
-    FeedForward::load(moe, mlp, hidden, dense_intermediate, layout)
 }
 
 /// The router: `gate` logits → `top_k` experts per row and their weights.
@@ -191,7 +177,7 @@ enum Shared {
 
 /// One mixture-of-experts feed-forward layer.
 #[derive(Debug, Clone)]
-pub struct MoeBlock {
+pub(crate) struct MoeBlock {
     router: Router,
     experts: Experts,
     shared: Shared,
@@ -199,7 +185,7 @@ pub struct MoeBlock {
 
 impl MoeBlock {
     /// Loads the block under `mlp` (see the module docs for its tensors).
-    pub fn load(
+    pub(crate) fn load(
         c: &MoeConfig,
         mut mlp: Vars<'_>,
         hidden: usize,
@@ -243,7 +229,7 @@ impl MoeBlock {
     }
 
     /// Applies the block to `x` `[..., H]` (any number of rows).
-    pub fn forward(&self, x: &Array) -> Result<Array> {
+    pub(crate) fn forward(&self, x: &Array) -> Result<Array> {
         let shape = x.shape().to_vec();
         let h = x.dim(-1);
         let rows = x.reshape(&[-1, h])?;
@@ -263,12 +249,13 @@ impl MoeBlock {
     }
 
     /// True when the routed experts are quantized.
-    pub fn is_quantized(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_quantized(&self) -> bool {
         self.experts.is_quantized()
     }
 
     /// The arrays to evaluate at load.
-    pub fn arrays(&self) -> Vec<Array> {
+    pub(crate) fn arrays(&self) -> Vec<Array> {
         let mut v = self.router.arrays();
         v.extend(self.experts.arrays());
         match &self.shared {

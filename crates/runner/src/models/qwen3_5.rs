@@ -10,14 +10,14 @@ use mlx_tensor::Array;
 
 use crate::config::{HybridConfig, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::models::Model;
 use crate::models::gated_attention::{GatedLayer, load_norm};
 use crate::models::gated_delta::{GatedDeltaNet, InProj};
 use crate::models::layers::{LinearLayout, RmsNorm, embedding, pre_norm_block};
 use crate::models::moe::{FeedForward, MoeConfig, MoeDefaults, Scoring};
+use crate::models::mtp::{MtpHead, MtpLayout};
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
-use crate::mtp::{MtpHead, MtpLayout};
 use crate::weights::Weights;
 
 /// Whether the trunk's RMSNorms are stored zero-centred (`x · (1 + w)`, as
@@ -55,12 +55,16 @@ pub(crate) fn zero_centred_trunk(h: &HybridConfig, w: &Weights, trunk: &str) -> 
 }
 
 /// Builds a Qwen3.5 dense text model.
-pub fn build_qwen3_5(c: &ModelConfig, w: &mut Weights, l: LinearLayout) -> Result<Box<dyn Model>> {
+pub(crate) fn build_qwen3_5(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
     Ok(Box::new(Qwen35::load(c, w, l)?))
 }
 
 /// Builds a Qwen3.5-MoE text model (refusing a config without experts).
-pub fn build_qwen3_5_moe(
+pub(crate) fn build_qwen3_5_moe(
     c: &ModelConfig,
     w: &mut Weights,
     l: LinearLayout,
@@ -108,7 +112,7 @@ enum Layer {
 
 /// A Qwen3.5 hybrid decoder.
 #[derive(Debug)]
-pub struct Qwen35 {
+pub(crate) struct Qwen35 {
     ends: TrunkEnds,
     layers: Vec<Layer>,
     rope: Rope,
@@ -117,7 +121,7 @@ pub struct Qwen35 {
 impl Qwen35 {
     /// Takes the family's tensors out of `w`, checking every shape against `c`.
     // Long: reads like the checkpoint: config refusals, trunk, head, MTP, in tensor order.
-    pub fn load(c: &ModelConfig, w: &mut Weights, layout: LinearLayout) -> Result<Qwen35> {
+    pub(crate) fn load(c: &ModelConfig, w: &mut Weights, layout: LinearLayout) -> Result<Qwen35> {
         let hybrid: &HybridConfig = c.hybrid.as_ref().ok_or_else(|| Error::InvalidConfig {
             path: "config.json".into(),
             key: "layer_types",

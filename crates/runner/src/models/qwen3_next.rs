@@ -11,19 +11,19 @@ use mlx_tensor::Array;
 
 use crate::config::{HybridConfig, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::models::Model;
 use crate::models::gated_attention::{GatedAttention, load_norm};
 use crate::models::gated_delta::{GatedDeltaNet, InProj};
 use crate::models::layers::{LinearLayout, RmsNorm, embedding, pre_norm_block};
 use crate::models::moe::{FeedForward, MoeConfig, MoeDefaults, Scoring};
+use crate::models::mtp::{MtpHead, MtpLayout};
 use crate::models::qwen3_5::zero_centred_trunk;
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
-use crate::mtp::{MtpHead, MtpLayout};
 use crate::weights::{Vars, Weights};
 
 /// Builds a Qwen3-Next model.
-pub fn build_qwen3_next(
+pub(crate) fn build_qwen3_next(
     c: &ModelConfig,
     w: &mut Weights,
     l: LinearLayout,
@@ -114,7 +114,7 @@ impl NextLayer {
 
 /// A Qwen3-Next hybrid MoE decoder.
 #[derive(Debug)]
-pub struct Qwen3Next {
+pub(crate) struct Qwen3Next {
     ends: TrunkEnds,
     layers: Vec<NextLayer>,
     kinds: Vec<LayerKind>,
@@ -124,7 +124,11 @@ pub struct Qwen3Next {
 impl Qwen3Next {
     /// Takes the family's tensors out of `w`, checking every shape against `c`.
     // Long: reads like the checkpoint: config, trunk, head, MTP, in tensor order.
-    pub fn load(c: &ModelConfig, w: &mut Weights, layout: LinearLayout) -> Result<Qwen3Next> {
+    pub(crate) fn load(
+        c: &ModelConfig,
+        w: &mut Weights,
+        layout: LinearLayout,
+    ) -> Result<Qwen3Next> {
         let hybrid: &HybridConfig = c.hybrid.as_ref().ok_or_else(|| Error::InvalidConfig {
             path: "config.json".into(),
             key: "linear_num_key_heads",

@@ -7,7 +7,7 @@ use crate::error::Result;
 
 /// RoPE over the whole head (`dims = head_dim`), non-traditional (half-split) layout.
 #[derive(Debug, Clone)]
-pub struct Rope {
+pub(crate) struct Rope {
     dims: i32,
     base: f32,
     scale: f32,
@@ -20,7 +20,7 @@ pub struct Rope {
 
 impl Rope {
     /// RoPE for `head_dim` features with the config's base and scaling.
-    pub fn new(head_dim: usize, base: f32, scaling: &RopeScaling) -> Result<Rope> {
+    pub(crate) fn new(head_dim: usize, base: f32, scaling: &RopeScaling) -> Result<Rope> {
         let dims = head_dim as i32;
         Ok(match *scaling {
             RopeScaling::None => Rope {
@@ -88,7 +88,7 @@ impl Rope {
     }
 
     /// Rotates `x` `[B, H, L, D]` for positions `offset..offset + L`.
-    pub fn forward(&self, x: &Array, offset: usize) -> Result<Array> {
+    pub(crate) fn forward(&self, x: &Array, offset: usize) -> Result<Array> {
         let off = offset as i32;
         let y = match &self.freqs {
             None => fast::rope(x, self.dims, false, self.base, self.scale, off)?,
@@ -110,7 +110,7 @@ impl Rope {
     }
 
     /// Arrays to evaluate at load.
-    pub fn arrays(&self) -> Vec<Array> {
+    pub(crate) fn arrays(&self) -> Vec<Array> {
         self.freqs.iter().cloned().collect()
     }
 }
@@ -152,7 +152,7 @@ pub fn llama3_periods(
 /// `_compute_yarn_parameters` inverse frequencies): pairs below the
 /// correction range keep their frequency (extrapolation), pairs above it are
 /// divided by `factor` (interpolation), with a linear ramp between.
-pub fn yarn_periods(
+pub(crate) fn yarn_periods(
     dims: usize,
     base: f32,
     factor: f32,

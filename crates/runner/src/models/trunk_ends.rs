@@ -7,7 +7,7 @@ use mlx_tensor::{Array, Dtype};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::models::layers::{Embedding, Linear, LinearLayout, RmsNorm, linear};
-use crate::mtp::MtpHead;
+use crate::models::mtp::MtpHead;
 use crate::weights::Weights;
 
 /// A trunk's two ends: tokens in through `embed`, hidden states out through

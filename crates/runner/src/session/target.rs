@@ -15,7 +15,7 @@ use mlx_tensor::Array;
 
 use super::points::RestorePoints;
 use crate::error::Result;
-use crate::model::Model;
+use crate::models::Model;
 
 /// One sequence's target caches and the tokens they hold.
 pub(crate) struct Target<'m> {

@@ -269,12 +269,9 @@ fn chat_without_template_is_an_error() {
     };
     let dir = common::write(&fx, 2);
     let m = common::load(dir.path());
-    let e = runner::chat::apply_chat_template(
-        &m.tokenizer,
-        &[runner::chat::Message::new("user", "hi")],
-    )
-    .unwrap_err()
-    .to_string();
+    let e = runner::apply_chat_template(&m.tokenizer, &[runner::Message::new("user", "hi")])
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("tokenizer_config.json") && e.contains("chat_template"),
         "{e}"

@@ -5,9 +5,9 @@ use crate::common;
 use std::path::Path;
 
 use mlx_tensor::Array;
-use runner::config::{RopeScaling, TokenIds};
 use runner::testing::{Arch, Fixture};
 use runner::{GenerationConfig, ModelConfig};
+use runner::{RopeScaling, TokenIds};
 use serde_json::json;
 
 const BASE: &str = r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama",

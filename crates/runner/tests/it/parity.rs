@@ -107,7 +107,7 @@ fn session_prefill_chunks_fill_the_cache_like_one_forward() {
 fn llama3_periods_with_factor_one_equal_plain_rope() {
     // With factor 1 every branch of the Llama 3 formula leaves the period unchanged, so
     // rope_with_freqs must equal plain rope: this pins down that MLX wants periods.
-    let periods = runner::models::rope::llama3_periods(16, 10000.0, 1.0, 1.0, 4.0, 64.0);
+    let periods = runner::testing::llama3_periods(16, 10000.0, 1.0, 1.0, 4.0, 64.0);
     let f = Array::from_slice(&periods, &[8]).unwrap();
     let key = mlx_tensor::random::key(1).unwrap();
     let x = mlx_tensor::random::normal(&[1, 2, 5, 16], mlx_tensor::Dtype::Float32, &key).unwrap();
@@ -116,6 +116,6 @@ fn llama3_periods_with_factor_one_equal_plain_rope() {
     let d = common::max_abs_diff(&a.to_vec::<f32>().unwrap(), &b.to_vec::<f32>().unwrap());
     assert!(d < 1e-4, "max |diff| {d}");
     // Control: a real factor changes the low frequencies.
-    let scaled = runner::models::rope::llama3_periods(16, 10000.0, 8.0, 1.0, 4.0, 64.0);
+    let scaled = runner::testing::llama3_periods(16, 10000.0, 8.0, 1.0, 4.0, 64.0);
     assert_ne!(scaled, periods);
 }

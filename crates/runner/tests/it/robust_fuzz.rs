@@ -9,9 +9,10 @@
 use std::path::Path;
 
 use proptest::prelude::*;
-use runner::chat::{Message, render_template};
+use runner::Message;
+use runner::testing::render_template;
 use runner::testing::{Arch, Fixture, tokenizer_json};
-use runner::weights::{validate_header, weight_files};
+use runner::testing::{validate_header, weight_files};
 use runner::{GenerationConfig, ModelConfig, Tokenizer};
 use serde_json::{Value, json};
 
@@ -111,7 +112,7 @@ proptest! {
                 for d in [c.hidden_size, c.intermediate_size, c.vocab_size, c.head_dim * c.num_attention_heads] {
                     prop_assert!(d <= i32::MAX as usize, "{} in {}", d, v);
                 }
-                let _ = runner::model::lookup(&c);
+                let _ = runner::testing::lookup(&c);
             }
             Err(err) => prop_assert!(err.to_string().contains("m/config.json"), "{}", err),
         }
@@ -220,7 +221,7 @@ proptest! {
                 let only_loadable = entries.values().all(|e| matches!(e.dtype.as_str(), "F32" | "F16" | "BF16"));
                 if any_float && only_loadable {
                     // The bytes 0x3f3f3f3f are finite in every float dtype.
-                    let w = runner::weights::Weights::load(dir.path(), mlx_tensor::Dtype::Float32, |_, _| {});
+                    let w = runner::testing::Weights::load(dir.path(), mlx_tensor::Dtype::Float32, |_, _| {});
                     prop_assert!(w.is_ok(), "{:?}", w.err());
                 }
             }
@@ -366,7 +367,7 @@ proptest! {
         match load_tokenizer(&tokenizer_json().to_string(), &tc.to_string()) {
             Ok(t) => {
                 let msgs = [Message::new("system", "s"), Message::new("user", "hi")];
-                if let Err(e) = runner::chat::apply_chat_template(&t, &msgs) {
+                if let Err(e) = runner::apply_chat_template(&t, &msgs) {
                     let m = e.to_string();
                     prop_assert!(m.contains("chat template") || m.contains("chat_template"), "{}", m);
                 }

@@ -10,7 +10,7 @@ use crate::common;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
-use runner::seeded::with_perturbed_timings;
+use runner::testing::with_perturbed_timings;
 use runner::{
     DepthPolicy, GenerateOptions, Generation, LoadedModel, SamplingOptions, Session, Speculation,
 };

@@ -2,7 +2,8 @@
 //! error naming the cause (fuel, output limit, no file access), never a
 //! hang, a crash or an unbounded string.
 
-use runner::chat::{MAX_MEMORY, MAX_OUTPUT, Message, render_template};
+use runner::Message;
+use runner::testing::{MAX_MEMORY, MAX_OUTPUT, render_template};
 
 /// As in `mtp-runner`: rendering is bounded in memory only under the counting allocator.
 #[global_allocator]

@@ -2,9 +2,9 @@
 
 use proptest::prelude::*;
 use runner::Tokenizer;
-use runner::detok::StreamDetokenizer;
-use runner::stop::{StopMatcher, StopStep};
+use runner::testing::StreamDetokenizer;
 use runner::testing::tokenizer_json;
+use runner::testing::{StopMatcher, StopStep};
 
 fn tokenizer() -> Tokenizer {
     let inner = tokenizers::Tokenizer::from_bytes(tokenizer_json().to_string()).unwrap();
@@ -131,7 +131,8 @@ fn stop_strings_hold_back_possible_prefixes() {
 
 #[test]
 fn chat_template_renders_messages() {
-    use runner::chat::{Message, render_template};
+    use runner::Message;
+    use runner::testing::render_template;
     let out = render_template(
         runner::testing::CHAT_TEMPLATE,
         &[

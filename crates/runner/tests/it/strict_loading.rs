@@ -9,9 +9,9 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
-use runner::quant::{QuantizeOptions, quantize_folder};
 use runner::testing::{Arch, Fixture};
 use runner::{Error, LoadOptions};
+use runner::{QuantizeOptions, quantize_folder};
 use serde_json::json;
 
 pub(super) fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {

@@ -53,6 +53,10 @@ fn check(targets: &[u32], drafted: &[u32], expected: &[u32]) {
         let (accepted, next) = acc.read().expect("read");
         assert_eq!(accepted, expected.len() - 1);
         assert_eq!(next, *expected.last().unwrap());
+        // A host copy of the packed array, read as a caller that evaluates it
+        // with other arrays does, decodes to the same tokens.
+        let packed = acc.packed().to_vec::<u32>().expect("read packed");
+        assert_eq!(acc.emitted_from(&packed), expected, "from the packed row");
     }
 }
 

@@ -10,35 +10,35 @@ use mlx_tensor::{Array, Dtype, ops};
 use mtp_draft::{DraftHead, HeadOutput, Result};
 
 /// Vocabulary of every fake.
-pub const VOCAB: u32 = 32;
+pub(crate) const VOCAB: u32 = 32;
 /// Width of the hiddens; column 0 carries the hidden's id.
-pub const WIDTH: usize = 2;
+pub(crate) const WIDTH: usize = 2;
 /// The id of a hidden the head made itself (not a target hidden).
-pub const OWN: i32 = -1;
+pub(crate) const OWN: i32 = -1;
 /// Logit of the predicted token (all others are 0): near one-hot at temperature 1.
-pub const SCALE: f32 = 30.0;
+pub(crate) const SCALE: f32 = 30.0;
 
 /// A next-token map: `t + 1 (mod VOCAB)` unless overridden.
 #[derive(Debug, Clone, Default)]
-pub struct Model {
+pub(crate) struct Model {
     pub overrides: HashMap<u32, u32>,
 }
 
 impl Model {
-    pub fn with(pairs: &[(u32, u32)]) -> Model {
+    pub(crate) fn with(pairs: &[(u32, u32)]) -> Model {
         Model {
             overrides: pairs.iter().copied().collect(),
         }
     }
 
-    pub fn next(&self, t: u32) -> u32 {
+    pub(crate) fn next(&self, t: u32) -> u32 {
         self.overrides.get(&t).copied().unwrap_or((t + 1) % VOCAB)
     }
 }
 
 /// One head forward as the head saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Call {
+pub(crate) struct Call {
     pub position: usize,
     pub tokens: Vec<u32>,
     /// Column 0 of each hidden row: a target slot, or [`OWN`].
@@ -46,7 +46,7 @@ pub struct Call {
 }
 
 /// Shorthand for an expected call.
-pub fn call(position: usize, tokens: &[u32], hiddens: &[i32]) -> Call {
+pub(crate) fn call(position: usize, tokens: &[u32], hiddens: &[i32]) -> Call {
     Call {
         position,
         tokens: tokens.to_vec(),
@@ -56,7 +56,7 @@ pub fn call(position: usize, tokens: &[u32], hiddens: &[i32]) -> Call {
 
 /// What the test reads back while the session holds the head.
 #[derive(Debug, Default)]
-pub struct Log {
+pub(crate) struct Log {
     pub calls: Vec<Call>,
     /// The draft cache's live contents after the last write, read back from
     /// its keys (token) and values (hidden id): `(token, hidden)` per slot.
@@ -64,7 +64,7 @@ pub struct Log {
     pub unembeds: usize,
 }
 
-pub struct FakeHead {
+pub(crate) struct FakeHead {
     pub model: Model,
     caches: Vec<Box<dyn Cache>>,
     pub log: Rc<RefCell<Log>>,
@@ -78,12 +78,12 @@ impl fmt::Debug for FakeHead {
 
 impl FakeHead {
     /// A head with one draft KV cache.
-    pub fn cached(model: Model) -> (FakeHead, Rc<RefCell<Log>>) {
+    pub(crate) fn cached(model: Model) -> (FakeHead, Rc<RefCell<Log>>) {
         Self::build(model, vec![Box::new(KvCache::new())])
     }
 
     /// A cacheless ("single-position") head.
-    pub fn cacheless(model: Model) -> (FakeHead, Rc<RefCell<Log>>) {
+    pub(crate) fn cacheless(model: Model) -> (FakeHead, Rc<RefCell<Log>>) {
         Self::build(model, Vec::new())
     }
 
@@ -99,7 +99,7 @@ impl FakeHead {
 }
 
 /// `[n, WIDTH]` hiddens whose column 0 holds `ids`.
-pub fn hiddens(ids: &[i32]) -> Array {
+pub(crate) fn hiddens(ids: &[i32]) -> Array {
     let data: Vec<f32> = ids
         .iter()
         .flat_map(|&id| std::iter::once(id as f32).chain(std::iter::repeat_n(0.5, WIDTH - 1)))
@@ -108,12 +108,12 @@ pub fn hiddens(ids: &[i32]) -> Array {
 }
 
 /// `[n]` u32 tokens.
-pub fn tokens(ids: &[u32]) -> Array {
+pub(crate) fn tokens(ids: &[u32]) -> Array {
     Array::from_slice(ids, &[ids.len() as i32]).expect("tokens")
 }
 
 /// Target hiddens of slots `from..from + n`.
-pub fn target_hiddens(from: usize, n: usize) -> Array {
+pub(crate) fn target_hiddens(from: usize, n: usize) -> Array {
     let ids: Vec<i32> = (from..from + n).map(|s| s as i32).collect();
     hiddens(&ids)
 }

@@ -8,7 +8,7 @@ use super::fake::{Model, target_hiddens, tokens};
 
 /// The runner's side: the token stream by slot and the unforwarded current.
 #[derive(Debug)]
-pub struct Sim {
+pub(crate) struct Sim {
     pub target: Model,
     pub eos: Option<u32>,
     /// Every token by slot; `seq[pos]` is the current token, emitted but not
@@ -24,7 +24,7 @@ pub struct Sim {
 
 /// What one speculative round did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Round {
+pub(crate) struct Round {
     pub drafts: Vec<u32>,
     /// Drafts accepted by the target (an accepted EOS included).
     pub accepted: usize,
@@ -35,7 +35,7 @@ pub struct Round {
 }
 
 impl Sim {
-    pub fn new(target: Model) -> Sim {
+    pub(crate) fn new(target: Model) -> Sim {
         Sim {
             target,
             eos: None,
@@ -48,7 +48,7 @@ impl Sim {
         }
     }
 
-    pub fn current(&self) -> u32 {
+    pub(crate) fn current(&self) -> u32 {
         self.seq[self.pos]
     }
 
@@ -58,13 +58,13 @@ impl Sim {
 
     /// Prefills `prompt`: every token but the last (the seed) is forwarded
     /// and reported at slot 0.
-    pub fn prefill<H: DraftHead>(&mut self, s: &mut DraftSession<'_, H>, prompt: &[u32]) {
+    pub(crate) fn prefill<H: DraftHead>(&mut self, s: &mut DraftSession<'_, H>, prompt: &[u32]) {
         self.prefill_at(s, prompt, 0);
     }
 
     /// Prefills `prompt` placed at slot `at` of an existing stream (a
     /// restored prefix covers the slots below).
-    pub fn prefill_at<H: DraftHead>(
+    pub(crate) fn prefill_at<H: DraftHead>(
         &mut self,
         s: &mut DraftSession<'_, H>,
         prompt: &[u32],
@@ -82,7 +82,7 @@ impl Sim {
 
     /// One plain decode step: forwards the current token and emits the
     /// target's next.
-    pub fn plain<H: DraftHead>(&mut self, s: &mut DraftSession<'_, H>) {
+    pub(crate) fn plain<H: DraftHead>(&mut self, s: &mut DraftSession<'_, H>) {
         let current = self.current();
         s.committed(&tokens(&[current]), &target_hiddens(self.pos, 1), self.pos)
             .expect("plain report");
@@ -92,7 +92,11 @@ impl Sim {
 
     /// Drafts up to `k`, verifies greedily against the target, commits.
     /// `None` when the session proposed nothing (decode plainly then).
-    pub fn round<H: DraftHead>(&mut self, s: &mut DraftSession<'_, H>, k: usize) -> Option<Round> {
+    pub(crate) fn round<H: DraftHead>(
+        &mut self,
+        s: &mut DraftSession<'_, H>,
+        k: usize,
+    ) -> Option<Round> {
         let drafts = self.propose(s, k)?;
         let mut prev = self.current();
         let mut accepted = 0;
@@ -119,7 +123,7 @@ impl Sim {
     /// Drafts up to `k` and commits with a forced outcome: `accepted` drafts
     /// pass, then `next` is emitted (or, with `eos`, the last accepted draft
     /// ends generation uncommitted).
-    pub fn forced_round<H: DraftHead>(
+    pub(crate) fn forced_round<H: DraftHead>(
         &mut self,
         s: &mut DraftSession<'_, H>,
         k: usize,
@@ -183,14 +187,14 @@ impl Sim {
 
     /// Ends the request: the current token was emitted but never forwarded;
     /// settling with it levels the draft caches with the target.
-    pub fn finish<H: DraftHead>(&mut self, mut s: DraftSession<'_, H>) {
+    pub(crate) fn finish<H: DraftHead>(&mut self, mut s: DraftSession<'_, H>) {
         s.settle(&self.current_array()).expect("settle");
         s.close().expect("close");
     }
 
     /// Checks the pairing invariant on the draft cache's first `upto` slots:
     /// slot `S` holds token `S + 1` with the target hidden at `S`.
-    pub fn assert_paired(&self, stream: &[(u32, i32)], upto: usize) {
+    pub(crate) fn assert_paired(&self, stream: &[(u32, i32)], upto: usize) {
         assert!(
             stream.len() >= upto,
             "stream {} slots, need {upto}",

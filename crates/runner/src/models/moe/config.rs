@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 
 /// How the router turns its logits into expert weights.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Scoring {
+pub(crate) enum Scoring {
     /// Qwen / Mixtral: softmax over all experts, top-`k`, optionally renormalised.
     Softmax,
     /// DeepSeek-V3 / GLM-4.5 (`noaux_tc`): sigmoid scores, choice by score +
@@ -41,7 +41,7 @@ pub enum Scoring {
 
 /// The shared experts that every token passes through beside the routed ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SharedExperts {
+pub(crate) enum SharedExperts {
     /// None (Qwen3-MoE, Mixtral).
     None,
     /// Qwen's `shared_expert` (a SwiGLU MLP of this inner width) scaled by
@@ -60,7 +60,7 @@ pub enum SharedExperts {
 
 /// Which decoder layers are sparse.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SparseLayers {
+pub(crate) struct SparseLayers {
     /// Layers kept dense whatever the other rules say (`mlp_only_layers`).
     pub dense: Vec<usize>,
     /// The first this many layers are dense (`first_k_dense_replace`).
@@ -73,7 +73,7 @@ pub struct SparseLayers {
 
 impl SparseLayers {
     /// True when layer `i` is a MoE layer.
-    pub fn is_sparse(&self, i: usize) -> bool {
+    pub(crate) fn is_sparse(&self, i: usize) -> bool {
         !self.dense.contains(&i)
             && i >= self.first_dense
             && (i + 1).is_multiple_of(self.step)
@@ -83,7 +83,7 @@ impl SparseLayers {
 
 /// A family's defaults for keys its config.json may leave out.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct MoeDefaults {
+pub(crate) struct MoeDefaults {
     /// The router of the family (grouped-sigmoid keys are read from the config).
     pub scoring: Scoring,
     /// `norm_topk_prob` when absent (transformers: Qwen3.5-MoE and Qwen3-Next
@@ -93,7 +93,7 @@ pub struct MoeDefaults {
 
 /// The mixture-of-experts part of a config.
 #[derive(Debug, Clone, PartialEq)]
-pub struct MoeConfig {
+pub(crate) struct MoeConfig {
     /// Routed experts.
     pub num_experts: usize,
     /// Experts per token.
@@ -117,7 +117,7 @@ impl MoeConfig {
     /// [`Scoring::GroupedSigmoid`] the `n_group`, `topk_group` and
     /// `routed_scaling_factor` keys replace the defaults' values when present.
     // Long: one check per key, each naming the key in its error.
-    pub fn parse(c: &ModelConfig, defaults: MoeDefaults) -> Result<Option<MoeConfig>> {
+    pub(crate) fn parse(c: &ModelConfig, defaults: MoeDefaults) -> Result<Option<MoeConfig>> {
         let raw = &c.raw;
         let bad = |key: &'static str, message: String| Error::InvalidConfig {
             path: PathBuf::from("config.json"),

@@ -60,6 +60,7 @@ impl Stack {
         }
     }
 
+    #[cfg(test)]
     fn is_quantized(&self) -> bool {
         matches!(self, Stack::Quantized(_))
     }
@@ -78,7 +79,7 @@ enum GateUp {
 
 /// The routed experts of one layer: SwiGLU `down(silu(gate(x)) · up(x))` per expert.
 #[derive(Debug, Clone)]
-pub struct Experts {
+pub(crate) struct Experts {
     gate_up: GateUp,
     down: Stack,
     intermediate: i32,
@@ -88,7 +89,7 @@ impl Experts {
     /// Loads the experts under `mlp` (the layer's `mlp` view) in whichever
     /// layout the checkpoint holds, for `e` experts of inner width `inter`
     /// over hidden width `h`.
-    pub fn load(mlp: &mut Vars<'_>, e: usize, h: usize, inter: usize) -> Result<Experts> {
+    pub(crate) fn load(mlp: &mut Vars<'_>, e: usize, h: usize, inter: usize) -> Result<Experts> {
         let intermediate = inter as i32;
         if mlp.contains("experts.gate_up_proj") {
             let gu = mlp.take("experts.gate_up_proj", &[e, 2 * inter, h])?;
@@ -133,7 +134,7 @@ impl Experts {
     /// sorted by expert, so that each expert's rows form one contiguous
     /// matmul (`sorted_indices`, as mlx-lm's `SwitchGLU`), and put back in
     /// row order at the end.
-    pub fn forward(&self, x: &Array, experts: &Array) -> Result<Array> {
+    pub(crate) fn forward(&self, x: &Array, experts: &Array) -> Result<Array> {
         let (rows, k, h) = (x.dim(0), experts.dim(1), x.dim(1));
         if rows == 1 {
             let xb = x.reshape(&[1, 1, 1, h])?;
@@ -165,12 +166,13 @@ impl Experts {
     }
 
     /// True when the expert weights are quantized.
-    pub fn is_quantized(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_quantized(&self) -> bool {
         self.down.is_quantized()
     }
 
     /// The arrays to evaluate at load.
-    pub fn arrays(&self) -> Vec<Array> {
+    pub(crate) fn arrays(&self) -> Vec<Array> {
         let mut v = match &self.gate_up {
             GateUp::Fused(s) => s.arrays(),
             GateUp::Split { gate, up } => [gate.arrays(), up.arrays()].concat(),

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use mlx_tensor::{Array, Dtype, ops, random};
 
+use super::config::SparseLayers;
 use super::*;
 use crate::quant::{QuantConfig, QuantParams};
 use crate::weights::Weights;

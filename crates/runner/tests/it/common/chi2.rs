@@ -7,7 +7,7 @@ use std::hash::Hash;
 
 /// Result of a two-sample test.
 #[derive(Debug, Clone, Copy)]
-pub struct Homogeneity {
+pub(crate) struct Homogeneity {
     /// Pearson's statistic of the 2 × K table.
     pub statistic: f64,
     /// Degrees of freedom (cells after pooling, minus one).
@@ -23,7 +23,11 @@ pub struct Homogeneity {
 /// Categories whose combined count is below `min_combined` are pooled into one
 /// cell, so every expected count is at least about `min_combined / 2` for equal
 /// sample sizes (use 10 for the usual "expected ≥ 5" rule).
-pub fn two_sample<T: Ord + Hash + Clone>(a: &[T], b: &[T], min_combined: u64) -> Homogeneity {
+pub(crate) fn two_sample<T: Ord + Hash + Clone>(
+    a: &[T],
+    b: &[T],
+    min_combined: u64,
+) -> Homogeneity {
     assert!(
         !a.is_empty() && !b.is_empty(),
         "samples of {} and {}",
@@ -69,6 +73,6 @@ pub fn two_sample<T: Ord + Hash + Clone>(a: &[T], b: &[T], min_combined: u64) ->
 }
 
 /// `P(X >= x)` for `X` chi-squared with `df` degrees of freedom.
-pub fn survival(x: f64, df: usize) -> f64 {
+pub(crate) fn survival(x: f64, df: usize) -> f64 {
     runner::sampler::stats::chi2_survival(x, df)
 }

@@ -6,14 +6,16 @@ use super::Generate;
 use std::path::PathBuf;
 
 use runner::DepthPolicy;
-use runner::{FinishReason, GenerateOptions, Generation, LoadedModel, SamplingOptions, Session};
+use runner::{
+    FinishReason, GenerateOptions, Generation, LoadedModel, SamplingOptions, Session, SpecStats,
+};
 use serde_json::Value;
 
 /// Tokens per parity case (what issue 6 asks for).
-pub const PARITY_TOKENS: usize = 128;
+pub(crate) const PARITY_TOKENS: usize = 128;
 
 /// The depths every parity sweep covers: fixed 1–4 and auto.
-pub fn depths() -> [DepthPolicy; 5] {
+pub(crate) fn depths() -> [DepthPolicy; 5] {
     [
         DepthPolicy::Fixed(1),
         DepthPolicy::Fixed(2),
@@ -24,7 +26,7 @@ pub fn depths() -> [DepthPolicy; 5] {
 }
 
 /// The 20 held-out prompts as ids; documents start after `<|endoftext|>` (id 0), as in training.
-pub fn heldout_prompts(m: &LoadedModel) -> Vec<Vec<u32>> {
+pub(crate) fn heldout_prompts(m: &LoadedModel) -> Vec<Vec<u32>> {
     let path =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/heldout_prompts.json");
     let text = std::fs::read_to_string(&path).expect("held-out prompt fixture present");
@@ -44,7 +46,7 @@ pub fn heldout_prompts(m: &LoadedModel) -> Vec<Vec<u32>> {
 }
 
 /// Greedy options with `max_tokens` and `depth`.
-pub fn greedy(max_tokens: usize, depth: DepthPolicy) -> GenerateOptions {
+pub(crate) fn greedy(max_tokens: usize, depth: DepthPolicy) -> GenerateOptions {
     GenerateOptions {
         max_tokens,
         sampling: SamplingOptions::greedy(),
@@ -56,7 +58,7 @@ pub fn greedy(max_tokens: usize, depth: DepthPolicy) -> GenerateOptions {
 /// Runs one generation in `s` and checks the cache bookkeeping: every cache's offset
 /// equals the committed tokens ([`Session::offset`] panics otherwise), and the committed
 /// tokens are the earlier ones, the prompt and the generated ids that were forwarded.
-pub fn run(
+pub(crate) fn run(
     s: &mut Session<'_>,
     m: &LoadedModel,
     prompt: &[u32],
@@ -98,20 +100,38 @@ pub fn run(
     g
 }
 
+/// Asserts that `got`, a greedy speculative generation, is `plain` token for
+/// token with the same finish (`case` names it in the messages), and returns
+/// its speculation figures.
+pub(crate) fn same_as_plain<'g>(
+    case: &str,
+    got: &'g Generation,
+    plain: &Generation,
+) -> &'g SpecStats {
+    assert_eq!(
+        got.token_ids, plain.token_ids,
+        "{case}: speculative output differs from plain"
+    );
+    assert_eq!(got.finish, plain.finish, "{case}: finish");
+    got.speculation
+        .as_ref()
+        .unwrap_or_else(|| panic!("{case}: a speculative generation reports speculation"))
+}
+
 /// [`run`] on a fresh plain session.
-pub fn plain(m: &LoadedModel, prompt: &[u32], opts: &GenerateOptions) -> Generation {
+pub(crate) fn plain(m: &LoadedModel, prompt: &[u32], opts: &GenerateOptions) -> Generation {
     run(&mut Session::new(m.model.as_ref()), m, prompt, opts)
 }
 
 /// [`run`] on a fresh MTP session.
-pub fn speculative(m: &LoadedModel, prompt: &[u32], opts: &GenerateOptions) -> Generation {
+pub(crate) fn speculative(m: &LoadedModel, prompt: &[u32], opts: &GenerateOptions) -> Generation {
     let mut s = Session::with_mtp(m.model.as_ref()).expect("the model has an MTP head");
     run(&mut s, m, prompt, opts)
 }
 
 /// Speculation figures summed over the prompts of one depth.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Totals {
+pub(crate) struct Totals {
     /// Draft tokens proposed.
     pub drafted: usize,
     /// Draft tokens accepted.
@@ -124,13 +144,13 @@ pub struct Totals {
 
 impl Totals {
     /// Accepted over drafted (0 when nothing was drafted).
-    pub fn acceptance(&self) -> f64 {
+    pub(crate) fn acceptance(&self) -> f64 {
         self.accepted as f64 / self.drafted.max(1) as f64
     }
 
     /// Prints one depth's figures to stderr (shown with `--nocapture`).
     #[allow(clippy::print_stderr)]
-    pub fn report(&self, depth: DepthPolicy) {
+    pub(crate) fn report(&self, depth: DepthPolicy) {
         let Totals {
             drafted,
             accepted,
@@ -148,7 +168,7 @@ impl Totals {
 /// Asserts that MTP at every depth of [`depths`] generates the plain greedy
 /// tokens (and finish) for each prompt, `tokens` per prompt; returns the
 /// totals per depth and the number of tokens compared.
-pub fn sweep(m: &LoadedModel, prompts: &[Vec<u32>], tokens: usize) -> ([Totals; 5], usize) {
+pub(crate) fn sweep(m: &LoadedModel, prompts: &[Vec<u32>], tokens: usize) -> ([Totals; 5], usize) {
     let mut totals = [Totals::default(); 5];
     let mut compared = 0;
     for (p, prompt) in prompts.iter().enumerate() {
@@ -158,14 +178,7 @@ pub fn sweep(m: &LoadedModel, prompts: &[Vec<u32>], tokens: usize) -> ([Totals; 
         }
         for (d, depth) in depths().into_iter().enumerate() {
             let got = speculative(m, prompt, &greedy(tokens, depth));
-            assert_eq!(
-                got.token_ids, want.token_ids,
-                "prompt {p} at {depth:?}: speculative output differs from plain"
-            );
-            assert_eq!(got.finish, want.finish, "prompt {p} at {depth:?}");
-            let s = got
-                .speculation
-                .expect("speculative generation reports statistics");
+            let s = same_as_plain(&format!("prompt {p} at {depth:?}"), &got, &want);
             assert_eq!(s.method.as_str(), "mtp");
             assert_eq!(s.depth_over_time.len(), s.rounds);
             if let DepthPolicy::Fixed(k) = depth {

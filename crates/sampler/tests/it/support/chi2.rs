@@ -5,7 +5,7 @@
 
 /// Result of a goodness-of-fit test.
 #[derive(Debug, Clone, Copy)]
-pub struct Fit {
+pub(crate) struct Fit {
     /// Pearson's statistic.
     pub statistic: f64,
     /// Degrees of freedom (cells after pooling, minus one).
@@ -17,7 +17,7 @@ pub struct Fit {
 /// Tests observed counts against expected probabilities. Cells whose expected
 /// count is below 5 are pooled into one cell (the usual validity rule); cells
 /// of probability 0 must have no observations and are checked by the caller.
-pub fn goodness_of_fit(observed: &[u64], probs: &[f64]) -> Fit {
+pub(crate) fn goodness_of_fit(observed: &[u64], probs: &[f64]) -> Fit {
     assert_eq!(
         observed.len(),
         probs.len(),
@@ -51,6 +51,6 @@ pub fn goodness_of_fit(observed: &[u64], probs: &[f64]) -> Fit {
 }
 
 /// `P(X >= x)` for `X` chi-squared with `df` degrees of freedom.
-pub fn survival(x: f64, df: usize) -> f64 {
+pub(crate) fn survival(x: f64, df: usize) -> f64 {
     sampler::stats::chi2_survival(x, df)
 }

@@ -50,7 +50,7 @@ pub trait Model: std::fmt::Debug {
 }
 
 /// Builds a model of one family from its config and weights.
-pub type Build = fn(&ModelConfig, &mut Weights, LinearLayout) -> Result<Box<dyn Model>>;
+pub(crate) type Build = fn(&ModelConfig, &mut Weights, LinearLayout) -> Result<Box<dyn Model>>;
 
 /// One registered family.
 #[derive(Debug, Clone, Copy)]
@@ -67,7 +67,7 @@ pub struct Family {
 
 /// Every registered family. Adding one is a file under `models/` and a row
 /// here, nothing in the generation loop.
-pub const FAMILIES: &[Family] = &[
+pub(crate) const FAMILIES: &[Family] = &[
     Family {
         name: "llama",
         architectures: &["LlamaForCausalLM"],
@@ -141,7 +141,7 @@ pub const FAMILIES: &[Family] = &[
 
 /// Architectures recognised but not implemented, with what they need
 /// (`architectures[0]`, `model_type`, what is missing).
-pub const UNSUPPORTED: &[(&str, &str, &str)] = &[
+pub(crate) const UNSUPPORTED: &[(&str, &str, &str)] = &[
     (
         "MixtralForCausalLM",
         "mixtral",
@@ -170,7 +170,7 @@ fn known() -> String {
 /// The family for an architecture and model type: by `architectures[0]`,
 /// else by `model_type`; a recognised but unimplemented one is
 /// [`Error::UnsupportedArchitecture`].
-pub fn lookup_names(architecture: &str, model_type: &str) -> Result<&'static Family> {
+pub(crate) fn lookup_names(architecture: &str, model_type: &str) -> Result<&'static Family> {
     if let Some(f) = FAMILIES
         .iter()
         .find(|f| f.architectures.contains(&architecture))
@@ -206,7 +206,7 @@ pub fn lookup(config: &ModelConfig) -> Result<&'static Family> {
 /// Reads `dir/config.json`, finds its family first (so an unsupported
 /// architecture is named before any key its config lacks), then validates
 /// the config.
-pub fn resolve(dir: &std::path::Path) -> Result<(&'static Family, ModelConfig)> {
+pub(crate) fn resolve(dir: &std::path::Path) -> Result<(&'static Family, ModelConfig)> {
     let (value, path) = ModelConfig::read_value(dir)?;
     let (architecture, model_type) = ModelConfig::identify(&value);
     let family = lookup_names(&architecture, &model_type)?;

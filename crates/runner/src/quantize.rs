@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use mlx_tensor::{Array, Dtype};
 use serde_json::Value;
 
-use super::{QuantConfig, QuantParams, QuantizedTensor};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result, read_json};
 use crate::files::Presence;
 use crate::out_dir::StagedDir;
+use crate::quant::{QuantConfig, QuantParams, QuantizedTensor};
 use crate::weights::{TensorLayout, validate_header, weight_files};
 
 /// Files copied verbatim when present (tokenizer, chat template, defaults).
@@ -93,7 +93,7 @@ pub struct QuantizeReport {
     pub written_bytes: u64,
 }
 
-/// True for the matrices of an MTP head, in any of the layouts [`crate::mtp`] knows.
+/// True for the matrices of an MTP head, in any of the layouts [`crate::models::mtp`] knows.
 ///
 /// The prefixes are those of `MtpLayout::prefix`, written out because
 /// `quant` sits below `mtp` in the module graph (`mtp` → `weights` → `quant`).
@@ -109,8 +109,8 @@ pub(crate) fn is_mtp_module(path: &str, num_hidden_layers: usize) -> bool {
 /// copy), the tokenizer and generation files, and a README.md saying how it
 /// was made. `dst` must not exist or be empty.
 ///
-/// The folder is written as a [`StagedDir`]: claimed before the long work,
-/// filled in a hidden sibling and renamed into place only when complete, so
+/// The folder is staged: claimed before the long work, filled in a hidden
+/// sibling and renamed into place only when complete, so
 /// it is never seen without its last files and two runs into one `dst`
 /// cannot both succeed.
 pub fn quantize_folder(src: &Path, dst: &Path, opts: &QuantizeOptions) -> Result<QuantizeReport> {

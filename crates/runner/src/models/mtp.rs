@@ -18,5 +18,5 @@ mod head;
 mod layout;
 
 pub(crate) use head::HeadBlock;
-pub use head::MtpHead;
+pub(crate) use head::MtpHead;
 pub use layout::{MtpLayout, zero_centred_norms};

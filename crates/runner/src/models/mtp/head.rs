@@ -24,7 +24,7 @@ use crate::weights::{Vars, Weights};
 /// decoder block at draft-cache slot `position + i`, and normalises; the
 /// result predicts the token after `t[i]`.
 #[derive(Debug)]
-pub struct MtpHead {
+pub(crate) struct MtpHead {
     layout: MtpLayout,
     embed: Embedding,
     embed_norm: RmsNorm,
@@ -45,7 +45,7 @@ impl MtpHead {
     /// unless the layout carries its own, the trunk's `lm_head`; its block's
     /// `mlp` is a MoE block of `moe` when given.
     #[allow(clippy::too_many_arguments)]
-    pub fn load(
+    pub(crate) fn load(
         layout: MtpLayout,
         c: &ModelConfig,
         w: &mut Weights,
@@ -68,7 +68,7 @@ impl MtpHead {
     /// layer (see [`crate::models::gated_attention`]), with a MoE block of
     /// `moe` as its `mlp` when given (Qwen3.5-MoE, Qwen3-Next).
     #[allow(clippy::too_many_arguments)]
-    pub fn load_gated(
+    pub(crate) fn load_gated(
         c: &ModelConfig,
         w: &mut Weights,
         linear: LinearLayout,
@@ -154,7 +154,7 @@ impl MtpHead {
     }
 
     /// A copy sharing every weight, with empty draft caches: one per request.
-    pub fn fresh(&self) -> MtpHead {
+    pub(crate) fn fresh(&self) -> MtpHead {
         MtpHead {
             layout: self.layout,
             embed: self.embed.clone(),
@@ -168,11 +168,6 @@ impl MtpHead {
             caches: vec![Box::new(KvCache::new())],
             hidden_size: self.hidden_size,
         }
-    }
-
-    /// The tensor layout this head was loaded from.
-    pub fn layout(&self) -> MtpLayout {
-        self.layout
     }
 
     fn arrays(&self) -> Vec<Array> {
