@@ -227,29 +227,6 @@ impl Session<'_> {
     }
 }
 
-thread_local! {
-    static PROFILE_ROUNDS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
-}
-
-/// Makes this thread's later drafted rounds sync per phase, so their
-/// statistics ([`crate::RoundTimes`]) split device time by phase; slower,
-/// for measurement. Default: off, unless `MTP_PROFILE_ROUNDS=1`.
-pub fn set_profile_rounds(on: bool) {
-    PROFILE_ROUNDS.with(|p| p.set(Some(on)));
-}
-
-/// Whether drafted rounds on this thread sync per phase.
-pub(crate) fn profiling_rounds() -> bool {
-    PROFILE_ROUNDS.with(|p| match p.get() {
-        Some(v) => v,
-        None => {
-            let v = std::env::var("MTP_PROFILE_ROUNDS").is_ok_and(|v| v == "1");
-            p.set(Some(v));
-            v
-        }
-    })
-}
-
 /// The decode loop from `seed`: the speculative decoder when there is a
 /// draft run, else the plain one.
 fn decode<F: FnMut(&str)>(

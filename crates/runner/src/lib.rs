@@ -102,7 +102,7 @@ pub use depth::DepthPolicy;
 pub use drafter::{DraftMethod, NgramOptions, load_draft};
 pub use error::{Error, Result};
 pub use files::check_model_folder;
-pub use generate::{FinishReason, GenerateOptions, Generation, set_profile_rounds};
+pub use generate::{FinishReason, GenerateOptions, Generation};
 pub use load::{LoadOptions, LoadedModel, ModelInfo, inspect, load};
 pub use models::Model;
 pub use models::layers::LinearLayout;
@@ -114,6 +114,6 @@ pub use quantize::{QuantizeOptions, QuantizeReport, quantize_folder, quantize_fo
 pub use sampler;
 pub use sampler::Options as SamplingOptions;
 pub use session::{Session, Speculation};
-pub use spec_stats::{Phases, RoundTimes, SpecStats};
+pub use spec_stats::{Phases, RoundTimes, SpecStats, set_profile_rounds};
 pub use stats::Stats;
 pub use tokenizer::Tokenizer;

@@ -20,6 +20,29 @@ pub(crate) struct RoundOutcome {
     pub(crate) syncs: u64,
 }
 
+thread_local! {
+    static PROFILE_ROUNDS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Makes this thread's later drafted rounds sync per phase, so their
+/// statistics ([`crate::RoundTimes`]) split device time by phase; slower,
+/// for measurement. Default: off, unless `MTP_PROFILE_ROUNDS=1`.
+pub fn set_profile_rounds(on: bool) {
+    PROFILE_ROUNDS.with(|p| p.set(Some(on)));
+}
+
+/// Whether drafted rounds on this thread sync per phase.
+pub(crate) fn profiling_rounds() -> bool {
+    PROFILE_ROUNDS.with(|p| match p.get() {
+        Some(v) => v,
+        None => {
+            let v = std::env::var("MTP_PROFILE_ROUNDS").is_ok_and(|v| v == "1");
+            p.set(Some(v));
+            v
+        }
+    })
+}
+
 /// Seconds of one drafted round by phase, or summed over rounds.
 ///
 /// By default a round syncs once, so the phases are host-side: `draft` and
@@ -138,7 +161,7 @@ impl SpecStats {
             accepted_at: Vec::new(),
             depth_over_time: Vec::new(),
             times: RoundTimes {
-                profiled: crate::generate::profiling_rounds(),
+                profiled: profiling_rounds(),
                 ..RoundTimes::default()
             },
         }

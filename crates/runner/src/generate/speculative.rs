@@ -98,6 +98,7 @@ pub(super) fn run<F: FnMut(&str)>(
 
 /// Runs one round at depth `depth` (0, or a drafter with nothing to
 /// propose: a plain step that still reports its run to the draft run).
+// Long: one round's phases in order (draft, verify, accept, commit), each timed where it ends.
 fn round<F: FnMut(&str)>(
     target: &mut Target<'_>,
     draft: &mut DraftRun<'_, '_>,
@@ -107,7 +108,7 @@ fn round<F: FnMut(&str)>(
 ) -> Result<RoundOutcome> {
     let t0 = Instant::now();
     let syncs0 = mlx_tensor::host_syncs();
-    let profile = crate::generate::profiling_rounds();
+    let profile = crate::spec_stats::profiling_rounds();
     let pos = target.offset();
     let cur = Array::from_slice(&[current], &[1])?;
     let proposal = draft.propose(current, &cur, target.committed(), depth, d.draft_sampling())?;
