@@ -8,17 +8,24 @@
 //! compiling than decoding, and the auto depth controller read the spikes as
 //! the depths' costs. So the first speculative session of a model in this
 //! process runs the target (and its MTP head) once over every row count a
-//! verify or a draft flush can take, on scratch caches it then drops.
-//! Compiled kernels live for the process: later sessions skip this.
+//! verify or a draft flush can take, on scratch caches it then drops, and
+//! then a few real speculative rounds in a scratch session (greedy at each
+//! depth 1–6, and sampled): the acceptance and sampling ops build their
+//! kernels on first use too (seconds, in a fresh f32 process). Compiled
+//! kernels live for the process: later sessions skip this.
 
 use std::sync::Mutex;
 use std::time::Instant;
 
 use mlx_tensor::{Array, ops};
 
+use crate::depth::DepthPolicy;
 use crate::error::Result;
+use crate::generate::GenerateOptions;
 use crate::models::Model;
 use crate::models::skinny::MAX_ROWS;
+use crate::session::Session;
+use crate::tokenizer::Tokenizer;
 
 /// Models (by address) already warmed in this process. A model dropped and
 /// another loaded at the same address is skipped: its first rounds are then
@@ -27,7 +34,7 @@ static WARMED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 /// Warms `model` once per process when the default device is CUDA; a failure
 /// is logged and otherwise ignored (the real rounds report their own errors).
-pub(crate) fn warm(model: &dyn Model) {
+pub(crate) fn warm<'m>(model: &'m dyn Model, open: impl FnOnce() -> Result<Session<'m>>) {
     if !crate::models::sdpa::on_cuda() {
         return;
     }
@@ -40,10 +47,44 @@ pub(crate) fn warm(model: &dyn Model) {
         warmed.push(key);
     }
     let t0 = Instant::now();
-    match run(model) {
+    match run(model).and_then(|()| rounds(open()?)) {
         Ok(()) => tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "kernels warmed"),
         Err(e) => tracing::warn!(error = %e, "warming the multi-row kernels failed"),
     }
+}
+
+/// A few speculative rounds in `session`: greedy at each depth 1–6 and one
+/// sampled run, over a short prompt of arbitrary ids (decoded by an empty
+/// vocabulary: the text is not wanted).
+fn rounds(mut session: Session<'_>) -> Result<()> {
+    let vocab = session.model().vocab_size() as u32;
+    let prompt: Vec<u32> = (0..12u32).map(|i| (i * 37 + 5) % vocab).collect();
+    let tok = Tokenizer::from_tokenizer(
+        tokenizers::Tokenizer::new(tokenizers::models::bpe::BPE::default()),
+        Vec::new(),
+    );
+    let cancel = std::sync::atomic::AtomicBool::new(false);
+    let mut run = |depth: usize, sampling: sampler::Options| -> Result<()> {
+        let opts = GenerateOptions {
+            max_tokens: 2 * depth + 2,
+            sampling,
+            depth: DepthPolicy::Fixed(depth),
+            ..GenerateOptions::default()
+        };
+        session.generate(&tok, &prompt, &opts, &cancel, |_| {})?;
+        Ok(())
+    };
+    for depth in 1..=6 {
+        run(depth, sampler::Options::greedy())?;
+    }
+    run(
+        3,
+        sampler::Options {
+            temperature: 0.8,
+            seed: Some(1),
+            ..sampler::Options::default()
+        },
+    )
 }
 
 fn zeros(n: usize) -> Result<Array> {
@@ -84,7 +125,8 @@ mod tests {
 
     /// The warm-up is device-agnostic code: on the CPU (where `warm` skips
     /// it) it must run through a hybrid model with an MTP head, whose
-    /// recurrent layers and draft cache take every row count in turn.
+    /// recurrent layers and draft cache take every row count in turn, and
+    /// its scratch speculative rounds must run too.
     #[test]
     fn the_warm_up_runs_through_target_and_head() {
         let dir =
@@ -92,8 +134,9 @@ mod tests {
         let m = crate::load(&dir, crate::LoadOptions::default(), |_, _| {}).unwrap();
         assert!(m.model.mtp_head().is_some());
         run(m.model.as_ref()).unwrap();
+        rounds(Session::with_mtp(m.model.as_ref()).unwrap()).unwrap();
         // On the CPU `warm` does nothing and records nothing.
-        warm(m.model.as_ref());
+        warm(m.model.as_ref(), || Session::with_mtp(m.model.as_ref()));
         assert!(WARMED.lock().unwrap().is_empty());
     }
 }
