@@ -352,9 +352,11 @@ fn first_use_spikes_do_not_condemn_a_depth() {
             picks.into_iter().filter(|&k| k > 0).collect();
         (t, s - sim.first_use * depths.len() as f64)
     });
-    // A fresh process: the first six drafted rounds stall as well (kernels
-    // of the acceptance ops built on first use). The stalls leave the cost
-    // model, but exploring through them costs rounds: within 20%.
+    // A fresh process without the warm-up: the first six drafted rounds
+    // stall as well (kernels of the acceptance ops built on first use), and
+    // the seed rounds measure nothing but stalls. The controller still
+    // recovers within the request, at about half the speed: why `warm.rs`
+    // runs real rounds before the first request.
     let cold = Sim {
         early_stalls: 6,
         ..sim.clone()
