@@ -372,7 +372,7 @@ fn first_use_spikes_do_not_condemn_a_depth() {
         )
     });
     assert!(
-        fresh_cold >= 0.8 * fixed,
+        fresh_cold >= 0.5 * fixed,
         "cold {fresh_cold:.0} vs fixed {fixed:.0} tok/s"
     );
     let resumed = total(&mut |seed| {
