@@ -24,6 +24,7 @@ mod hybrid_spec;
 mod loading;
 mod moe;
 mod moe_families;
+mod moe_model;
 mod mtp_layouts;
 mod parity;
 mod prefix_chat;

@@ -20,9 +20,9 @@ use runner::DepthPolicy;
 use runner::{FinishReason, GenerateOptions, LoadedModel, SamplingOptions, Session};
 
 /// Runs per arm.
-const RUNS: u64 = 1000;
+pub(crate) const RUNS: u64 = 1000;
 /// Significance level: losslessness must not be rejected at it, the control must be.
-const ALPHA: f64 = 1e-3;
+pub(crate) const ALPHA: f64 = 1e-3;
 /// Marks "generation ended at EOS" in place of a second token.
 const ENDED: u32 = u32::MAX;
 
@@ -38,10 +38,11 @@ fn prompt(m: &LoadedModel) -> Vec<u32> {
     ids
 }
 
-/// The first two generated tokens of `runs` seeded runs starting at `seed0`.
+/// The first two generated tokens of `runs` seeded runs of `m` starting at
+/// `seed0` (shared with the trained MoE model's test, `moe_model.rs`).
 /// Depth 2 with a 3-token budget: the first round drafts two tokens, so both
 /// positions go through the chain rule's accept / residual path.
-fn first_pairs(
+pub(crate) fn first_pairs(
     m: &LoadedModel,
     sampling: &SamplingOptions,
     speculative: bool,
@@ -89,7 +90,7 @@ fn first_pairs(
     pairs
 }
 
-fn report(name: &str, a: &[(u32, u32)], b: &[(u32, u32)]) -> chi2::Homogeneity {
+pub(crate) fn report(name: &str, a: &[(u32, u32)], b: &[(u32, u32)]) -> chi2::Homogeneity {
     let h = chi2::two_sample(a, b, 10);
     let distinct: std::collections::BTreeSet<_> = a.iter().chain(b).collect();
     eprintln!(
@@ -107,7 +108,7 @@ fn report(name: &str, a: &[(u32, u32)], b: &[(u32, u32)]) -> chi2::Homogeneity {
     h
 }
 
-fn assert_lossless(h: &chi2::Homogeneity, name: &str) {
+pub(crate) fn assert_lossless(h: &chi2::Homogeneity, name: &str) {
     assert!(
         h.p_value > ALPHA,
         "{name}: speculative first-two-token distribution differs from plain \

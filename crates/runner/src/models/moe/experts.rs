@@ -12,11 +12,15 @@
 //! evaluated with the model), quantized ones stay quantized; the fused hub
 //! tensor is used as it is (one `gather_mm` gives gate and up side by side).
 
-use mlx_tensor::{Array, ops};
+use mlx_tensor::{Array, Device, Dtype, default_device, ops};
 
 use crate::error::{Error, Result};
 use crate::quant::QuantizedTensor;
 use crate::weights::Vars;
+
+fn on_cpu() -> bool {
+    default_device() == Device::Cpu
+}
 
 /// One projection of every expert: `y = x @ W[e].T`.
 #[derive(Debug, Clone)]
@@ -35,6 +39,12 @@ impl Stack {
     /// `x[i] @ W[experts[i]].T` over the leading axes (broadcast as `gather_mm` does).
     fn apply(&self, x: &Array, experts: &Array, sorted: bool) -> Result<Array> {
         Ok(match self {
+            Stack::Dense(wt) if x.dtype() != Dtype::Float32 && on_cpu() => {
+                // MLX's CPU `gather_mm` takes float32 only ("[GatherMM::eval]
+                // Currently only supports float32"): compute in f32 there.
+                let f = |a: &Array| a.as_type(Dtype::Float32);
+                ops::gather_mm(&f(x)?, &f(wt)?, None, Some(experts), sorted)?.as_type(x.dtype())?
+            }
             Stack::Dense(wt) => ops::gather_mm(x, wt, None, Some(experts), sorted)?,
             Stack::Quantized(q) => ops::gather_qmm(
                 x,

@@ -140,12 +140,30 @@ pub(crate) struct Totals {
     pub emitted: usize,
     /// Rounds.
     pub rounds: usize,
+    /// `drafted_at[i]`: rounds that drafted position `i + 1` (the first [`POSITIONS`]).
+    pub drafted_at: [usize; POSITIONS],
+    /// `accepted_at[i]`: rounds that accepted position `i + 1`.
+    pub accepted_at: [usize; POSITIONS],
 }
+
+/// Draft positions [`Totals`] counts one by one (the auto policy's deepest depth).
+pub const POSITIONS: usize = 6;
 
 impl Totals {
     /// Accepted over drafted (0 when nothing was drafted).
     pub(crate) fn acceptance(&self) -> f64 {
         self.accepted as f64 / self.drafted.max(1) as f64
+    }
+
+    /// Mean tokens emitted per round (1 when nothing was accepted).
+    pub fn mean_accepted_length(&self) -> f64 {
+        self.emitted as f64 / self.rounds.max(1) as f64
+    }
+
+    /// Share of the rounds drafting position `i + 1` that accepted it (and so
+    /// every position before it); `None` where no round drafted it.
+    pub fn through_at(&self, i: usize) -> Option<f64> {
+        (self.drafted_at[i] > 0).then(|| self.accepted_at[i] as f64 / self.drafted_at[i] as f64)
     }
 
     /// Prints one depth's figures to stderr (shown with `--nocapture`).
@@ -156,11 +174,16 @@ impl Totals {
             accepted,
             emitted,
             rounds,
+            ..
         } = *self;
+        let per: Vec<String> = (0..POSITIONS)
+            .map_while(|i| self.through_at(i).map(|a| format!("{a:.3}")))
+            .collect();
         eprintln!(
-            "{depth:?}: acceptance {:.3} ({accepted}/{drafted}), mean accepted length {:.3} ({emitted}/{rounds})",
+            "{depth:?}: acceptance {:.3} ({accepted}/{drafted}), mean accepted length {:.3} ({emitted}/{rounds}), accepted through position [{}]",
             self.acceptance(),
-            emitted as f64 / rounds.max(1) as f64
+            self.mean_accepted_length(),
+            per.join(", ")
         );
     }
 }
@@ -193,6 +216,12 @@ pub(crate) fn sweep(m: &LoadedModel, prompts: &[Vec<u32>], tokens: usize) -> ([T
             t.accepted += s.accepted;
             t.emitted += s.emitted;
             t.rounds += s.rounds;
+            for (i, (d, a)) in s.drafted_at.iter().zip(&s.accepted_at).enumerate() {
+                if i < POSITIONS {
+                    t.drafted_at[i] += d;
+                    t.accepted_at[i] += a;
+                }
+            }
             compared += got.token_ids.len();
         }
     }
