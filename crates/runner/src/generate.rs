@@ -14,6 +14,7 @@ mod output;
 mod plain;
 mod speculative;
 mod step;
+mod warm;
 
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
@@ -112,6 +113,9 @@ impl Session<'_> {
         on_text: impl FnMut(&str),
     ) -> Result<Generation> {
         let max_tokens = self.check(prompt, opts)?;
+        if let Some(d) = &self.drafter {
+            warm::warm_for(self.model(), d);
+        }
         mlx_tensor::memory::reset_peak();
         let t0 = Instant::now();
         let (body, seed) = self.rerun_boundary(prompt)?;

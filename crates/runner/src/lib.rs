@@ -89,7 +89,6 @@ mod prefix;
 mod session;
 mod spec_stats;
 mod stats;
-mod warm;
 
 // Internals that the integration tests, examples and benches reach; not API.
 #[doc(hidden)]

@@ -151,7 +151,6 @@ impl<'m> Session<'m> {
     /// A session that decodes speculatively with the model's MTP head.
     pub fn with_mtp(model: &'m dyn Model) -> Result<Session<'m>> {
         let head = model.mtp_head().ok_or(Error::NoMtpHead)?;
-        crate::warm::warm(model, || Session::with_mtp(model));
         Ok(Session::with_drafter(
             model,
             Drafter::Mtp(MtpDrafter::new(head)),
@@ -162,7 +161,6 @@ impl<'m> Session<'m> {
     /// (load it with [`crate::load_draft`], which checks that the
     /// tokenizers agree).
     pub fn with_draft_model(model: &'m dyn Model, draft: &'m dyn Model) -> Session<'m> {
-        crate::warm::warm(model, || Ok(Session::with_draft_model(model, draft)));
         let drafter = ModelDrafter::new(draft, model.vocab_size());
         Session::with_drafter(model, Drafter::Model(drafter))
     }

@@ -52,6 +52,11 @@ impl std::fmt::Debug for ModelDrafter<'_> {
 }
 
 impl<'m> ModelDrafter<'m> {
+    /// The draft model.
+    pub(crate) fn model(&self) -> &'m dyn Model {
+        self.model
+    }
+
     /// A drafter with empty caches proposing for a target of `target_vocab` tokens.
     pub(crate) fn new(model: &'m dyn Model, target_vocab: usize) -> ModelDrafter<'m> {
         ModelDrafter {

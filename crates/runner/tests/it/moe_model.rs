@@ -15,8 +15,8 @@ use std::path::PathBuf;
 
 use common::parity::{PARITY_TOKENS, depths, heldout_prompts, sweep};
 use mlx_tensor::{Array, Dtype};
-use runner::quant::{QuantizeOptions, quantize_folder};
 use runner::{DepthPolicy, LoadOptions, LoadedModel, SamplingOptions};
+use runner::{QuantizeOptions, quantize_folder};
 
 /// Held-out prompts in the f32 sweep (each runs plain and at 5 depths, 128 tokens).
 const PROMPTS: usize = 4;

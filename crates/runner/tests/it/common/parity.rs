@@ -147,7 +147,7 @@ pub(crate) struct Totals {
 }
 
 /// Draft positions [`Totals`] counts one by one (the auto policy's deepest depth).
-pub const POSITIONS: usize = 6;
+pub(crate) const POSITIONS: usize = 6;
 
 impl Totals {
     /// Accepted over drafted (0 when nothing was drafted).
@@ -156,13 +156,13 @@ impl Totals {
     }
 
     /// Mean tokens emitted per round (1 when nothing was accepted).
-    pub fn mean_accepted_length(&self) -> f64 {
+    pub(crate) fn mean_accepted_length(&self) -> f64 {
         self.emitted as f64 / self.rounds.max(1) as f64
     }
 
     /// Share of the rounds drafting position `i + 1` that accepted it (and so
     /// every position before it); `None` where no round drafted it.
-    pub fn through_at(&self, i: usize) -> Option<f64> {
+    pub(crate) fn through_at(&self, i: usize) -> Option<f64> {
         (self.drafted_at[i] > 0).then(|| self.accepted_at[i] as f64 / self.drafted_at[i] as f64)
     }
 

@@ -6,7 +6,7 @@
 //! shape too. Left to the first request, each new draft depth's first round
 //! pays those seconds: a 256-token request at the 8B shape spent more time
 //! compiling than decoding, and the auto depth controller read the spikes as
-//! the depths' costs. So the first speculative session of a model in this
+//! the depths' costs. So the first speculative request of a model in this
 //! process runs the target (and its MTP head) once over every row count a
 //! verify or a draft flush can take, on scratch caches it then drops, and
 //! then a few real speculative rounds in a scratch session (greedy at each
@@ -19,9 +19,10 @@ use std::time::Instant;
 
 use mlx_tensor::{Array, ops};
 
+use super::GenerateOptions;
 use crate::depth::DepthPolicy;
+use crate::drafter::Drafter;
 use crate::error::Result;
-use crate::generate::GenerateOptions;
 use crate::models::Model;
 use crate::models::skinny::MAX_ROWS;
 use crate::session::Session;
@@ -32,9 +33,24 @@ use crate::tokenizer::Tokenizer;
 /// merely slower, as without this module.
 static WARMED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
-/// Warms `model` once per process when the default device is CUDA; a failure
-/// is logged and otherwise ignored (the real rounds report their own errors).
-pub(crate) fn warm<'m>(model: &'m dyn Model, open: impl FnOnce() -> Result<Session<'m>>) {
+/// Warms what a request of `model` with `drafter` will run (see [`warm`]).
+pub(super) fn warm_for<'m>(model: &'m dyn Model, drafter: &Drafter<'m>) {
+    match drafter {
+        Drafter::Mtp(_) => warm(model, || Session::with_mtp(model)),
+        Drafter::Model(d) => {
+            let draft = d.model();
+            warm(model, || Ok(Session::with_draft_model(model, draft)));
+        }
+        // Proposals need repeats in the text; its verify rows are the
+        // target's, warmed by the first MTP or draft-model session.
+        Drafter::Ngram(_) => {}
+    }
+}
+
+/// Warms `model` once per process when the default device is CUDA; `open`
+/// gives the scratch session of the real rounds. A failure is logged and
+/// otherwise ignored (the real rounds report their own errors).
+fn warm<'m>(model: &'m dyn Model, open: impl FnOnce() -> Result<Session<'m>>) {
     if !crate::models::sdpa::on_cuda() {
         return;
     }
