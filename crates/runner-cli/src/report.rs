@@ -85,23 +85,18 @@ pub(crate) struct RoundCosts {
 impl RoundCosts {
     /// The means of `t`, `None` without drafted rounds.
     pub(crate) fn new(t: &runner::RoundTimes) -> Option<RoundCosts> {
-        if t.rounds == 0 {
-            return None;
-        }
-        let n = t.rounds as f64;
-        let ms = |x: f64| x * 1e3 / n;
+        let m = t.means_ms()?;
         Some(RoundCosts {
             profiled: t.profiled,
             rounds: t.rounds,
-            round_ms: ms(t.seconds),
-            draft_ms: ms(t.phases.draft),
-            draft_step_ms: t.phases.draft * 1e3 / t.draft_steps.max(1) as f64,
-            verify_ms: ms(t.phases.verify),
-            wait_ms: ms(t.phases.wait),
-            commit_ms: ms(t.phases.commit),
-            syncs_per_round: t.syncs as f64 / n,
-            plain_step_ms: (t.plain_steps > 0)
-                .then(|| t.plain_seconds * 1e3 / t.plain_steps as f64),
+            round_ms: m.round,
+            draft_ms: m.draft,
+            draft_step_ms: m.draft_step,
+            verify_ms: m.verify,
+            wait_ms: m.wait,
+            commit_ms: m.commit,
+            syncs_per_round: m.syncs,
+            plain_step_ms: m.plain_step,
         })
     }
 }

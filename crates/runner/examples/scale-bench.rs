@@ -158,19 +158,13 @@ impl Case {
 
 /// Mean per-round costs in ms (`null` without drafted rounds).
 fn round_costs(t: &runner::RoundTimes) -> Value {
-    if t.rounds == 0 {
+    let Some(m) = t.means_ms() else {
         return Value::Null;
-    }
-    let n = t.rounds as f64;
+    };
     json!({
-        "profiled": t.profiled, "rounds": t.rounds,
-        "round_ms": t.seconds * 1e3 / n,
-        "draft_ms": t.phases.draft * 1e3 / n,
-        "draft_step_ms": t.phases.draft * 1e3 / t.draft_steps.max(1) as f64,
-        "verify_ms": t.phases.verify * 1e3 / n,
-        "wait_ms": t.phases.wait * 1e3 / n,
-        "commit_ms": t.phases.commit * 1e3 / n,
-        "syncs_per_round": t.syncs as f64 / n,
+        "profiled": t.profiled, "rounds": t.rounds, "round_ms": m.round,
+        "draft_ms": m.draft, "draft_step_ms": m.draft_step, "verify_ms": m.verify,
+        "wait_ms": m.wait, "commit_ms": m.commit, "syncs_per_round": m.syncs,
     })
 }
 

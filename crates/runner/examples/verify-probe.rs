@@ -21,6 +21,7 @@ use serde_json::json;
 
 #[path = "support/host.rs"]
 mod host;
+use host::median;
 
 fn shape(name: &str) -> Option<Fixture> {
     let base = Fixture::new(Arch::Qwen3);
@@ -43,11 +44,6 @@ fn shape(name: &str) -> Option<Fixture> {
         tied: false,
         ..base
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Milliseconds of one evaluated forward of `ids` at the caches' offset.

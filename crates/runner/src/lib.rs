@@ -113,6 +113,6 @@ pub use quantize::{QuantizeOptions, QuantizeReport, quantize_folder, quantize_fo
 pub use sampler;
 pub use sampler::Options as SamplingOptions;
 pub use session::{Session, Speculation};
-pub use spec_stats::{Phases, RoundTimes, SpecStats, set_profile_rounds};
+pub use spec_stats::{Phases, RoundMeans, RoundTimes, SpecStats, set_profile_rounds};
 pub use stats::Stats;
 pub use tokenizer::Tokenizer;

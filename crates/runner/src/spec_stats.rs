@@ -97,6 +97,28 @@ pub struct RoundTimes {
     pub plain_seconds: f64,
 }
 
+/// [`RoundTimes`] as means per drafted round, in milliseconds (see
+/// [`Phases`] for what each phase covers).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RoundMeans {
+    /// Wall time of a round.
+    pub round: f64,
+    /// Drafting, all steps.
+    pub draft: f64,
+    /// Drafting per draft step.
+    pub draft_step: f64,
+    /// The verify forward (unprofiled: building its graph).
+    pub verify: f64,
+    /// Waiting for the device (profiled: unembedding, sampling, acceptance).
+    pub wait: f64,
+    /// Rewinds and bookkeeping after the sync.
+    pub commit: f64,
+    /// Blocking host syncs per round.
+    pub syncs: f64,
+    /// A plain step of the same run, when there were any.
+    pub plain_step: Option<f64>,
+}
+
 impl RoundTimes {
     /// Adds a round.
     pub(crate) fn record(&mut self, r: &RoundOutcome) {
@@ -110,6 +132,27 @@ impl RoundTimes {
         self.seconds += r.seconds;
         self.phases.add(&r.phases);
         self.syncs += r.syncs;
+    }
+
+    /// Mean costs of a drafted round in milliseconds, `None` without drafted
+    /// rounds: what `--json` and the benchmarks report.
+    pub fn means_ms(&self) -> Option<RoundMeans> {
+        if self.rounds == 0 {
+            return None;
+        }
+        let n = self.rounds as f64;
+        let ms = |x: f64| x * 1e3 / n;
+        Some(RoundMeans {
+            round: ms(self.seconds),
+            draft: ms(self.phases.draft),
+            draft_step: self.phases.draft * 1e3 / self.draft_steps.max(1) as f64,
+            verify: ms(self.phases.verify),
+            wait: ms(self.phases.wait),
+            commit: ms(self.phases.commit),
+            syncs: self.syncs as f64 / n,
+            plain_step: (self.plain_steps > 0)
+                .then(|| self.plain_seconds * 1e3 / self.plain_steps as f64),
+        })
     }
 
     /// Adds another generation's sums.
@@ -264,6 +307,14 @@ mod tests {
             (2, 6, 2, 1)
         );
         assert!((t.phases.wait - 0.012).abs() < 1e-12 && (t.plain_seconds - 0.01).abs() < 1e-12);
+        // Means per drafted round in ms: 2 rounds, 6 draft steps.
+        let m = t.means_ms().expect("drafted rounds");
+        assert!((m.wait - 6.0).abs() < 1e-9 && (m.draft_step - 2.0 / 6.0).abs() < 1e-9);
+        assert_eq!(
+            (m.syncs, m.plain_step.map(|p| p.round())),
+            (1.0, Some(10.0))
+        );
+        assert!(RoundTimes::default().means_ms().is_none());
         assert_eq!(
             SpecStats::new(DraftMethod::Mtp).depth_histogram(),
             Vec::<usize>::new()

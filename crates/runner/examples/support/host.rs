@@ -11,7 +11,8 @@ use mlx_tensor::Array;
 use runner::Model;
 use serde_json::{Value, json};
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `v` (the upper middle for an even count).
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
