@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include "mlx/primitives.h"
 #include <optional>
 #include <stdexcept>
 #include <unordered_map>
@@ -107,6 +109,29 @@ size_t pending_nodes(const Arr& a) {
     }
   }
   return n;
+}
+
+rust::String pending_census(const Arr& a) {
+  // Like pending_nodes, counted per primitive name: "Name count" lines.
+  std::vector<mx::array> stack{a.a};
+  std::unordered_set<std::uintptr_t> seen;
+  std::map<std::string, size_t> counts;
+  while (!stack.empty()) {
+    mx::array x = std::move(stack.back());
+    stack.pop_back();
+    if (!x.has_primitive() || !seen.insert(x.id()).second) {
+      continue;
+    }
+    counts[x.primitive().name()]++;
+    for (const auto& in : x.inputs()) {
+      stack.push_back(in);
+    }
+  }
+  std::string out;
+  for (const auto& [name, n] : counts) {
+    out += name + " " + std::to_string(n) + "\n";
+  }
+  return rust::String(out);
 }
 
 void read_into(const Arr& a, rust::Slice<uint8_t> out) {

@@ -53,6 +53,7 @@ rust::Vec<int32_t> shape_of(const Arr& a);
 size_t nbytes_of(const Arr& a);
 size_t size_of(const Arr& a);
 size_t pending_nodes(const Arr& a);
+rust::String pending_census(const Arr& a);
 void read_into(const Arr& a, rust::Slice<uint8_t> out);
 void eval_one(const Arr& a);
 void wait_one(const Arr& a);

@@ -128,6 +128,12 @@ impl Array {
         sys::pending_nodes(self.raw())
     }
 
+    /// The same graph nodes counted per primitive name, one `"Name count"`
+    /// line each, sorted by name: what a step's op count is made of.
+    pub fn pending_census(&self) -> String {
+        sys::pending_census(self.raw())
+    }
+
     /// Evaluates the graph that produces this array and waits for it.
     #[track_caller]
     pub fn eval(&self) -> Result<()> {

@@ -110,6 +110,7 @@ pub(crate) mod sys {
         fn nbytes_of(a: &Arr) -> usize;
         fn size_of(a: &Arr) -> usize;
         fn pending_nodes(a: &Arr) -> usize;
+        fn pending_census(a: &Arr) -> String;
         fn read_into(a: &Arr, out: &mut [u8]) -> Result<()>;
         fn eval_one(a: &Arr) -> Result<()>;
         fn wait_one(a: &Arr) -> Result<()>;

@@ -37,12 +37,16 @@ pub(crate) fn probe(m: &dyn Model, ids: &dyn Fn(usize, u32) -> Vec<u32>, rounds:
         .eval()
         .expect("eval");
     let (mut build, mut synced, mut nodes) = (Vec::new(), Vec::new(), 0);
+    let mut census = String::new();
     for r in 0..rounds + 2 {
         let t = Array::from_slice(&ids(1, r as u32), &[1]).expect("tokens");
         let start = Instant::now();
         let y = step(m, &mut caches, &t);
         let built = start.elapsed().as_secs_f64() * 1e3;
         nodes = y.pending_nodes();
+        if r == 2 {
+            census = y.pending_census();
+        }
         y.eval().expect("eval");
         if r >= 2 {
             build.push(built);
@@ -53,14 +57,32 @@ pub(crate) fn probe(m: &dyn Model, ids: &dyn Fn(usize, u32) -> Vec<u32>, rounds:
     let mut y = step(m, &mut caches, &t);
     y.async_eval().expect("async_eval");
     let start = Instant::now();
+    // Per token of the pipelined loop: building the next step's graph and
+    // dispatching it (MLX encodes and launches its kernels) while this one
+    // runs, then waiting for this one. Build or dispatch near a step's time
+    // means the host, not the device, sets the pace.
+    let (mut ahead, mut dispatch, mut wait) = (Vec::new(), Vec::new(), Vec::new());
+    let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
     for _ in 0..rounds {
+        let t0 = Instant::now();
         let next = step(m, &mut caches, &y);
+        let t1 = Instant::now();
         next.async_eval().expect("async_eval");
+        let t2 = Instant::now();
         let _: u32 = y.item().expect("item");
+        ahead.push(ms(t0, t1));
+        dispatch.push(ms(t1, t2));
+        wait.push(ms(t2, Instant::now()));
         y = next;
     }
     let _: u32 = y.item().expect("item");
     let pipelined = start.elapsed().as_secs_f64() * 1e3 / rounds as f64;
-    json!({"graph_nodes": nodes, "build_ms": median(build), "synced_step_ms": median(synced),
-           "pipelined_ms_per_token": pipelined, "rounds": rounds})
+    let census: serde_json::Map<String, Value> = census
+        .lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .map(|(k, n)| (k.to_owned(), json!(n.parse::<u64>().unwrap_or(0))))
+        .collect();
+    json!({"graph_nodes": nodes, "census": census, "build_ms": median(build), "synced_step_ms": median(synced),
+           "pipelined_ms_per_token": pipelined, "pipelined_build_ms": median(ahead),
+           "pipelined_dispatch_ms": median(dispatch), "pipelined_wait_ms": median(wait), "rounds": rounds})
 }
