@@ -15,6 +15,7 @@ pub(crate) mod registry;
 pub(crate) mod rope;
 pub(crate) mod sdpa;
 pub(crate) mod skinny;
+pub(crate) mod swiglu;
 pub(crate) mod trunk_ends;
 
 pub use registry::Model;

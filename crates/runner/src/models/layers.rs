@@ -82,10 +82,12 @@ enum Kernel {
     /// copy; `row_chunks` splits it for single-row inputs (see [`row_chunks`]).
     /// `w` is the `[out, in]` weight itself when `wt` is its transposed view
     /// (the same buffer), for the few-rows CUDA kernel (`models/skinny.rs`).
+    /// `batched` is `wt` viewed as `[1, in, out]` on a GPU (see [`batched_view`]).
     Dense {
         wt: Array,
         row_chunks: Vec<Array>,
         w: Option<Array>,
+        batched: Option<Array>,
     },
     /// The packed `[out, in]` weight, multiplied by `quantized_matmul`.
     Quantized(QuantizedTensor),
@@ -118,8 +120,14 @@ impl Linear {
             LinearLayout::TransposedView => (wt, row_chunks(weight)?, Some(weight.clone())),
             LinearLayout::PreTransposed => (wt.contiguous()?, Vec::new(), None),
         };
+        let batched = batched_view(&wt)?;
         Ok(Linear {
-            kernel: Kernel::Dense { wt, row_chunks, w },
+            kernel: Kernel::Dense {
+                wt,
+                row_chunks,
+                w,
+                batched,
+            },
             bias,
         })
     }
@@ -135,6 +143,71 @@ impl Linear {
     /// True when the weight is quantized.
     pub fn is_quantized(&self) -> bool {
         matches!(self.kernel, Kernel::Quantized(_))
+    }
+
+    /// One layer computing `parts` side by side (their outputs concatenated):
+    /// the weights, and biases, stacked along the output axis, so one matmul
+    /// reads them instead of one per part. `None` when the parts cannot share
+    /// a kernel: dense and quantized mixed, different quantization or dtype,
+    /// or a bias on some parts only.
+    pub(crate) fn concat(parts: &[&Linear]) -> Result<Option<Linear>> {
+        let bias = match parts.iter().filter(|p| p.bias.is_some()).count() {
+            0 => None,
+            n if n == parts.len() => {
+                let b: Vec<Array> = parts.iter().filter_map(|p| p.bias.clone()).collect();
+                Some(mlx_tensor::ops::concatenate(&b, 0)?)
+            }
+            _ => return Ok(None),
+        };
+        let dense: Option<Vec<(&Array, Option<&Array>)>> = parts
+            .iter()
+            .map(|p| match &p.kernel {
+                Kernel::Dense { wt, w, .. } => Some((wt, w.as_ref())),
+                Kernel::Quantized(_) => None,
+            })
+            .collect();
+        if let Some(d) = dense {
+            if d.iter().any(|(wt, _)| wt.dtype() != d[0].0.dtype()) {
+                return Ok(None);
+            }
+            return Ok(Some(match d.iter().map(|(_, w)| w.cloned()).collect() {
+                // Every part keeps its `[out, in]` weight: stack those rows.
+                Some(ws) => {
+                    let ws: Vec<Array> = ws;
+                    let w = mlx_tensor::ops::concatenate(&ws, 0)?;
+                    Linear::from_weight(&w, bias, LinearLayout::TransposedView)?
+                }
+                // Pre-transposed `[in, out]` parts: stack their columns.
+                None => {
+                    let wts: Vec<Array> = d.iter().map(|(wt, _)| (*wt).clone()).collect();
+                    let wt = mlx_tensor::ops::concatenate(&wts, 1)?;
+                    Linear::from_weight(&wt.t()?, bias, LinearLayout::PreTransposed)?
+                }
+            }));
+        }
+        let q: Option<Vec<&QuantizedTensor>> = parts
+            .iter()
+            .map(|p| match &p.kernel {
+                Kernel::Quantized(q) => Some(q),
+                Kernel::Dense { .. } => None,
+            })
+            .collect();
+        let Some(q) = q else { return Ok(None) };
+        let params = q[0].params;
+        if q.iter().any(|t| t.params != params || t.scales.dtype() != q[0].scales.dtype()) {
+            return Ok(None);
+        }
+        let cat = |f: fn(&QuantizedTensor) -> &Array| -> Result<Array> {
+            let v: Vec<Array> = q.iter().map(|t| f(t).clone()).collect();
+            Ok(mlx_tensor::ops::concatenate(&v, 0)?)
+        };
+        let joint = QuantizedTensor {
+            weight: cat(|t| &t.weight)?,
+            scales: cat(|t| &t.scales)?,
+            biases: cat(|t| &t.biases)?,
+            params,
+        };
+        Ok(Some(Linear::from_quantized(joint, bias)))
     }
 
     /// Applies the layer to `[..., in]`.
@@ -156,6 +229,9 @@ impl Linear {
                     .collect::<mlx_tensor::Result<Vec<_>>>()?;
                 mlx_tensor::ops::concatenate(&parts, -1)?
             }
+            Kernel::Dense {
+                batched: Some(b), ..
+            } if x.ndim() == 3 && x.dim(0) == 1 => x.matmul(b)?,
             Kernel::Dense { wt, .. } => x.matmul(wt)?,
             Kernel::Quantized(q) => q.matmul_t(x)?,
         };
@@ -168,9 +244,15 @@ impl Linear {
     /// The arrays to evaluate at load.
     pub fn arrays(&self) -> Vec<Array> {
         let mut v = match &self.kernel {
-            Kernel::Dense { wt, row_chunks, .. } => {
+            Kernel::Dense {
+                wt,
+                row_chunks,
+                batched,
+                ..
+            } => {
                 let mut v = vec![wt.clone()];
                 v.extend(row_chunks.iter().cloned());
+                v.extend(batched.iter().cloned());
                 v
             }
             Kernel::Quantized(q) => q.arrays(),
@@ -213,6 +295,22 @@ fn row_chunks(weight: &Array) -> mlx_tensor::Result<Vec<Array>> {
             weight.slice_axis(0, lo as i32, hi as i32)?.t()
         })
         .collect()
+}
+
+/// `wt` `[in, out]` viewed as `[1, in, out]` (the same buffer) on a GPU;
+/// `None` on the CPU.
+///
+/// Why: MLX's `matmul` of a `[1, L, in]` input by a 2-D weight flattens the
+/// input and unflattens the product, two graph nodes around every matmul
+/// (a third of an 8B step's 1,629 nodes, measured on an H200), and each node
+/// costs host time to dispatch; a decode step on CUDA is bound by that host
+/// time. With a 3-D weight the same product is one batched matmul node that
+/// MLX runs with the same kernel (GEMV for one row).
+fn batched_view(wt: &Array) -> mlx_tensor::Result<Option<Array>> {
+    if mlx_tensor::default_device() != mlx_tensor::Device::Gpu {
+        return Ok(None);
+    }
+    Ok(Some(wt.expand_dims(&[0])?))
 }
 
 /// The row count of `x` `[..., in]` when the CUDA few-rows kernel takes it (2..=8 rows).
@@ -319,11 +417,63 @@ impl RmsNorm {
     }
 }
 
-/// The SwiGLU MLP: `down(silu(gate(x)) * up(x))`.
+/// Several linear layers over one input: one matmul over their stacked
+/// weights when they can share a kernel ([`Linear::concat`]), its output split
+/// back per part; else the parts one by one.
+#[derive(Debug, Clone)]
+pub(crate) enum FusedLinear {
+    /// The stacked layer and each part's output width.
+    Joint { linear: Linear, widths: Vec<i32> },
+    /// Parts that could not be stacked.
+    Separate(Vec<Linear>),
+}
+
+impl FusedLinear {
+    /// `parts` with output widths `widths`, stacked when they can be.
+    pub(crate) fn new(parts: Vec<Linear>, widths: Vec<i32>) -> Result<FusedLinear> {
+        debug_assert_eq!(parts.len(), widths.len());
+        let refs: Vec<&Linear> = parts.iter().collect();
+        Ok(match Linear::concat(&refs)? {
+            Some(linear) => FusedLinear::Joint { linear, widths },
+            None => FusedLinear::Separate(parts),
+        })
+    }
+
+    /// Each part applied to `x` `[..., in]`, in order.
+    pub(crate) fn forward(&self, x: &Array) -> Result<Vec<Array>> {
+        match self {
+            FusedLinear::Joint { linear, widths } => {
+                let y = linear.forward(x)?;
+                let mut lo = 0;
+                widths
+                    .iter()
+                    .map(|w| {
+                        let part = y.slice_axis(-1, lo, lo + w)?;
+                        lo += w;
+                        Ok(part)
+                    })
+                    .collect()
+            }
+            FusedLinear::Separate(parts) => parts.iter().map(|p| p.forward(x)).collect(),
+        }
+    }
+
+    /// The arrays to evaluate at load.
+    pub(crate) fn arrays(&self) -> Vec<Array> {
+        match self {
+            FusedLinear::Joint { linear, .. } => linear.arrays(),
+            FusedLinear::Separate(parts) => parts.iter().flat_map(|p| p.arrays()).collect(),
+        }
+    }
+}
+
+/// The SwiGLU MLP: `down(silu(gate(x)) * up(x))`, the gate and up
+/// projections stacked into one matmul when they can be (see
+/// [`FusedLinear`] and `models/swiglu.rs`).
 #[derive(Debug, Clone)]
 pub(crate) struct Mlp {
-    gate: Linear,
-    up: Linear,
+    gate_up: FusedLinear,
+    inter: i32,
     down: Linear,
 }
 
@@ -337,26 +487,35 @@ impl Mlp {
         bias: bool,
         layout: LinearLayout,
     ) -> Result<Mlp> {
+        let gate = linear(vb.pp("gate_proj"), hidden, inter, bias, layout)?;
+        let up = linear(vb.pp("up_proj"), hidden, inter, bias, layout)?;
+        let w = inter as i32;
         Ok(Mlp {
-            gate: linear(vb.pp("gate_proj"), hidden, inter, bias, layout)?,
-            up: linear(vb.pp("up_proj"), hidden, inter, bias, layout)?,
+            gate_up: FusedLinear::new(vec![gate, up], vec![w, w])?,
+            inter: w,
             down: linear(vb.pp("down_proj"), inter, hidden, bias, layout)?,
         })
     }
 
     /// The arrays to evaluate at load.
     pub(crate) fn arrays(&self) -> Vec<Array> {
-        [&self.gate, &self.up, &self.down]
-            .iter()
-            .flat_map(|l| l.arrays())
-            .collect()
+        let mut v = self.gate_up.arrays();
+        v.extend(self.down.arrays());
+        v
     }
 
     /// Applies the MLP.
     pub(crate) fn forward(&self, x: &Array) -> Result<Array> {
-        let g = self.gate.forward(x)?.silu()?;
-        let u = self.up.forward(x)?;
-        self.down.forward(&g.multiply(&u)?)
+        let h = match &self.gate_up {
+            FusedLinear::Joint { linear, .. } => {
+                crate::models::swiglu::swiglu(&linear.forward(x)?, self.inter)?
+            }
+            FusedLinear::Separate(_) => {
+                let gu = self.gate_up.forward(x)?;
+                gu[0].silu()?.multiply(&gu[1])?
+            }
+        };
+        self.down.forward(&h)
     }
 }
 

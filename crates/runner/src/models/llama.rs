@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::models::Model;
 use crate::models::attention::AttentionCore;
 use crate::models::layers::{
-    Linear, LinearLayout, Mlp, RmsNorm, embedding, linear, pre_norm_block, rms_norm,
+    FusedLinear, Linear, LinearLayout, Mlp, RmsNorm, embedding, linear, pre_norm_block, rms_norm,
 };
 use crate::models::moe::{FeedForward, MoeBlock, MoeConfig, MoeDefaults, Scoring};
 use crate::models::mtp::{MtpHead, MtpLayout};
@@ -238,9 +238,8 @@ fn check_config(c: &ModelConfig, v: Variant) -> Result<Vec<Option<usize>>> {
 
 #[derive(Debug, Clone)]
 struct Attention {
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    /// `q_proj`, `k_proj`, `v_proj` over the same input, stacked (one matmul).
+    qkv: FusedLinear,
     o: Linear,
     core: AttentionCore,
 }
@@ -248,17 +247,21 @@ struct Attention {
 impl Attention {
     fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
         let c = &self.core;
-        let q = c.split(&self.q.forward(x)?, c.heads)?;
-        let k = c.split(&self.k.forward(x)?, c.kv_heads)?;
-        let v = c.split(&self.v.forward(x)?, c.kv_heads)?;
+        let [q, k, v]: [Array; 3] = self
+            .qkv
+            .forward(x)?
+            .try_into()
+            .expect("three projections");
+        let q = c.split(&q, c.heads)?;
+        let k = c.split(&k, c.kv_heads)?;
+        let v = c.split(&v, c.kv_heads)?;
         self.o.forward(&c.attend(&q, &k, &v, cache, rope)?)
     }
 
     fn arrays(&self) -> Vec<Array> {
-        [&self.q, &self.k, &self.v, &self.o]
-            .iter()
-            .flat_map(|l| l.arrays())
-            .collect()
+        let mut v = self.qkv.arrays();
+        v.extend(self.o.arrays());
+        v
     }
 }
 
@@ -299,10 +302,12 @@ impl Layer {
         } else {
             (None, None)
         };
+        let q = linear(a.pp("q_proj"), h, nq * d, qkv_bias, layout)?;
+        let k = linear(a.pp("k_proj"), h, nkv * d, qkv_bias, layout)?;
+        let v = linear(a.pp("v_proj"), h, nkv * d, qkv_bias, layout)?;
+        let (wq, wkv) = ((nq * d) as i32, (nkv * d) as i32);
         let attn = Attention {
-            q: linear(a.pp("q_proj"), h, nq * d, qkv_bias, layout)?,
-            k: linear(a.pp("k_proj"), h, nkv * d, qkv_bias, layout)?,
-            v: linear(a.pp("v_proj"), h, nkv * d, qkv_bias, layout)?,
+            qkv: FusedLinear::new(vec![q, k, v], vec![wq, wkv, wkv])?,
             o: linear(a.pp("o_proj"), nq * d, h, bias_all, layout)?,
             core: AttentionCore::new(c, q_norm, k_norm),
         };
