@@ -11,7 +11,7 @@ use super::{COLORS, Group, canvas, depth_chart, depth_x, f, legend, line, pe};
 
 /// Shapes in size order; unknown ones after.
 fn shape_rank(s: &str) -> usize {
-    ["tiny", "24l", "1.7b", "8b"]
+    ["tiny", "24l", "1.7b", "8b", "moe"]
         .iter()
         .position(|x| *x == s)
         .unwrap_or(9)
