@@ -125,6 +125,7 @@ pub(super) fn section(md: &mut String, g: &Group<'_>, dir: &Path, slug: &str) ->
             );
         }
     }
+    round_costs(md, &all, &decode);
     let notes: Vec<String> = all
         .iter()
         .filter(|r| r["kind"] == "skipped" || r["kind"] == "error")
@@ -167,6 +168,63 @@ pub(super) fn section(md: &mut String, g: &Group<'_>, dir: &Path, slug: &str) ->
         );
     }
     floor(md, g, &all, &decode, dir, slug)
+}
+
+/// The round costs of ours per fixed depth: where the verify grows with the
+/// depth (a MoE's verify of `k + 1` rows reads up to `k + 1` tokens' experts).
+fn round_costs(md: &mut String, all: &[&Value], decode: &[&Value]) {
+    let mut rows: Vec<&Value> = all
+        .iter()
+        .copied()
+        .filter(|r| {
+            (r["kind"] == "decode" || r["kind"] == "round-profile")
+                && r["method"] == "mtp"
+                && r["depth"].is_u64()
+                && r["round_costs"].is_object()
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    rows.sort_by_key(|r| {
+        (
+            shape_rank(s(r, "shape")),
+            s(r, "shape").to_owned(),
+            s(r, "dtype").to_owned(),
+            s(r, "kind").to_owned(),
+            r["depth"].as_u64(),
+        )
+    });
+    let _ = writeln!(
+        md,
+        "\nRound costs per fixed depth (ours), ms: a drafted round's mean wall time and its phases. \
+         `decode` rows time the phases on the host in the pipelined run; `round-profile` rows sync \
+         every phase, so their verify is the device time of one forward over depth + 1 rows (on a \
+         MoE that reads up to depth + 1 tokens' experts, so it grows with the depth).\n\n\
+         | shape | dtype | rows | depth | round ms | draft ms | verify ms | verify ÷ plain step |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
+    for r in rows {
+        let c = &r["round_costs"];
+        let ratio = match (
+            c["verify_ms"].as_f64(),
+            plain_of(decode, r).and_then(|p| p["step_ms"].as_f64()),
+        ) {
+            (Some(v), Some(p)) if p > 0.0 => format!("{:.2}", v / p),
+            _ => "–".into(),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {ratio} |",
+            s(r, "shape"),
+            s(r, "dtype"),
+            s(r, "kind"),
+            r["depth"],
+            f(&c["round_ms"], 2),
+            f(&c["draft_ms"], 2),
+            f(&c["verify_ms"], 2),
+        );
+    }
 }
 
 /// tokens/s against depth for one shape: a line per (engine, dtype, method), plain flat.
