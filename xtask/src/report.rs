@@ -143,6 +143,7 @@ pub(crate) fn render_into(rows: &[Value], dir: &Path) -> Result<String> {
         };
         section(&mut md, &g, dir)?;
     }
+    md.push_str(scale::HOW_BUILT);
     Ok(md)
 }
 
@@ -599,6 +600,7 @@ mod tests {
             "| **2.00** |",
             "2025-11-30T00:00:00Z, commit abc1234",
             "Rerun: `cargo xtask bench`",
+            "## How the spec-scale shapes are built",
         ] {
             assert!(md.contains(want), "missing {want:?} in\n{md}");
         }
