@@ -630,12 +630,12 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let row = |kind: &str, method: &str, depth: u64, verify: f64| {
             let mut v = json!({"bench": "spec-scale", "kind": kind, "engine": "mtp-runner",
-                "shape": "moe", "dtype": "bf16", "method": method, "depth": depth,
-                "tokens_per_s": 50.0, "step_ms": 4.0, "mean_accepted_length": 2.0,
-                "acceptance_rate": 0.5, "tokens": 256, "prompts": 3, "greedy_equal_plain": true,
-                "round_costs": if method == "off" { Value::Null } else {
-                    json!({"round_ms": verify + 2.0, "draft_ms": 1.5, "verify_ms": verify})
-                }});
+            "shape": "moe", "dtype": "bf16", "method": method, "depth": depth,
+            "tokens_per_s": 50.0, "step_ms": 4.0, "mean_accepted_length": 2.0,
+            "acceptance_rate": 0.5, "tokens": 256, "prompts": 3, "greedy_equal_plain": true,
+            "round_costs": if method == "off" { Value::Null } else {
+                json!({"round_ms": verify + 2.0, "draft_ms": 1.5, "verify_ms": verify})
+            }});
             v["suite"] = "spec-scale".into();
             v["machine"] = "Test GPU".into();
             v["device"] = "gpu".into();

@@ -143,7 +143,9 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
 
 /// A named upscale of tiny-mtp.
 fn is_dense(shape: &str) -> bool {
-    crate::upscale::widen::NAMED.iter().any(|(n, _)| *n == shape)
+    crate::upscale::widen::NAMED
+        .iter()
+        .any(|(n, _)| *n == shape)
 }
 
 /// A named upscale of tiny-moe-mtp.
@@ -600,7 +602,9 @@ mod tests {
         assert_eq!(ours_extra("moe"), ["--profile-depth", "1,2,3,4"]);
         assert!(ours_extra("8b").is_empty());
         // Its source is a Qwen3.5-MoE, which the MoE rules take.
-        assert!(crate::upscale::moe::is_moe_model(&cmd::root().join(TINY_MOE)));
+        assert!(crate::upscale::moe::is_moe_model(
+            &cmd::root().join(TINY_MOE)
+        ));
     }
 
     #[test]

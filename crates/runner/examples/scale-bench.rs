@@ -207,7 +207,9 @@ fn main() -> Res<()> {
                     v.split(',')
                         .map(|d| d.trim().parse::<usize>())
                         .collect::<Result<_, _>>()
-                        .map_err(|_| format!("--profile-depth {v}: depths like 3 or 1,2,3,4, or none"))?
+                        .map_err(|_| {
+                            format!("--profile-depth {v}: depths like 3 or 1,2,3,4, or none")
+                        })?
                 };
             }
             "--ttft-tokens" => ttft = val()?,

@@ -155,7 +155,9 @@ pub(crate) fn parse_shape(s: &str) -> io::Result<MoeShape> {
         vocab: get("vocab")?,
     };
     if let Some(k) = kv.keys().next() {
-        return Err(bad(format!("shape `{s}`: unknown key `{k}` (keys: {KEYS})")));
+        return Err(bad(format!(
+            "shape `{s}`: unknown key `{k}` (keys: {KEYS})"
+        )));
     }
     Ok(shape)
 }
@@ -213,7 +215,9 @@ impl Dims {
         let interval = get("full_attention_interval")?;
         let full: Vec<bool> = match t["layer_types"].as_array() {
             Some(a) => a.iter().map(|k| k == "full_attention").collect(),
-            None => (0..layers).map(|l| (l + 1) % interval.max(1) == 0).collect(),
+            None => (0..layers)
+                .map(|l| (l + 1).is_multiple_of(interval.max(1)))
+                .collect(),
         };
         if full.len() != layers {
             return Err(bad(format!(
@@ -223,7 +227,9 @@ impl Dims {
             )));
         }
         if t["decoder_sparse_step"].as_u64().unwrap_or(1) != 1
-            || t["mlp_only_layers"].as_array().is_some_and(|a| !a.is_empty())
+            || t["mlp_only_layers"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty())
         {
             return Err(bad(format!(
                 "{}: the MoE upscale needs every layer sparse (decoder_sparse_step 1, no mlp_only_layers)",
@@ -302,7 +308,11 @@ impl Plan {
             ("heads", new.heads, old.heads),
             ("kv_heads", new.kv_heads, old.kv_heads),
             ("linear_key_heads", new.linear_key_heads, old.key_heads),
-            ("linear_value_heads", new.linear_value_heads, old.value_heads),
+            (
+                "linear_value_heads",
+                new.linear_value_heads,
+                old.value_heads,
+            ),
             ("expert_copies", new.expert_copies, 1),
             ("moe_intermediate", new.moe_intermediate, old.moe_i),
             ("shared_intermediate", new.shared_intermediate, old.shared_i),
@@ -316,7 +326,14 @@ impl Plan {
             }
         }
         let groups = [
-            ("heads", "kv_heads", old.heads, old.kv_heads, new.heads, new.kv_heads),
+            (
+                "heads",
+                "kv_heads",
+                old.heads,
+                old.kv_heads,
+                new.heads,
+                new.kv_heads,
+            ),
             (
                 "linear_value_heads",
                 "linear_key_heads",
@@ -427,6 +444,7 @@ impl Plan {
     }
 
     /// The Gated DeltaNet tensors at `p` (`...layers.{i}.linear_attn`).
+    // Long: one mapping per tensor of the block, in the checkpoint's order.
     fn linear_attn(&mut self, p: &str, zero: bool) -> Vec<Out> {
         let (o, n) = (self.old.clone(), self.new);
         let (h, h2, dk, dv) = (o.hidden, n.hidden, o.key_dim, o.value_dim);
@@ -586,10 +604,16 @@ impl Plan {
 
     /// The MoE block at `p` (`...mlp`): router rows and experts copied
     /// `expert_copies` times, inner widths zero-padded.
+    // Long: one mapping per tensor of the block, in the checkpoint's order.
     fn moe(&mut self, p: &str, zero: bool) -> Vec<Out> {
         let (o, n) = (self.old.clone(), self.new);
         let (h, h2, e, m) = (o.hidden, n.hidden, o.experts, n.expert_copies);
-        let (i, i2, s, s2) = (o.moe_i, n.moe_intermediate, o.shared_i, n.shared_intermediate);
+        let (i, i2, s, s2) = (
+            o.moe_i,
+            n.moe_intermediate,
+            o.shared_i,
+            n.shared_intermediate,
+        );
         let e2 = e * m;
         let copies = |len: usize, stride: usize, at: usize| -> Vec<Seg> {
             (0..e)
@@ -712,7 +736,7 @@ impl Plan {
             .full
             .get(l)
             .copied()
-            .unwrap_or((l + 1) % self.old.interval.max(1) == 0)
+            .unwrap_or((l + 1).is_multiple_of(self.old.interval.max(1)))
     }
 
     // Long: the embedding, the trunk, the MTP head and the unembedding in order.
@@ -722,7 +746,15 @@ impl Plan {
         let t = "model.language_model";
         let embed = format!("{t}.embed_tokens.weight");
         let (a, inv) = (self.a, 1.0 / self.a);
-        let mut e = self.map(&embed, vec![v2, h2], vec![v, h], ident(v), ident(h), a, false);
+        let mut e = self.map(
+            &embed,
+            vec![v2, h2],
+            vec![v, h],
+            ident(v),
+            ident(h),
+            a,
+            false,
+        );
         let mut head = if self.own_head {
             self.map(
                 "lm_head.weight",
@@ -757,7 +789,11 @@ impl Plan {
                 value: PAD_WEIGHT,
             });
         }
-        let mut outs = vec![e, head, self.hidden_norm(&format!("{t}.norm.weight"), 1.0, false)];
+        let mut outs = vec![
+            e,
+            head,
+            self.hidden_norm(&format!("{t}.norm.weight"), 1.0, false),
+        ];
         for l in 0..n.layers {
             let full = self.full(l);
             outs.extend(self.layer(&format!("{t}.layers.{l}"), full, l >= o.layers));
@@ -842,7 +878,10 @@ fn shape_json(s: &MoeShape) -> Value {
 }
 
 /// Every source tensor is read by a rule, with the shape the rule expects.
-fn check_placed(wants: &BTreeMap<String, Vec<usize>>, src: &BTreeMap<String, Src>) -> io::Result<()> {
+fn check_placed(
+    wants: &BTreeMap<String, Vec<usize>>,
+    src: &BTreeMap<String, Src>,
+) -> io::Result<()> {
     for (name, t) in src {
         let Some(want) = wants.get(name) else {
             return Err(bad(format!(
@@ -881,7 +920,13 @@ pub(crate) fn upscale(
     let tensors = widen::read_safetensors(src)?;
     let mtp_layers = tensors
         .keys()
-        .filter_map(|k| k.strip_prefix("mtp.layers.")?.split('.').next()?.parse::<usize>().ok())
+        .filter_map(|k| {
+            k.strip_prefix("mtp.layers.")?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
         .max()
         .map_or(0, |m| m + 1);
     let mut plan = Plan::new(old, *shape, dtype, tensors.contains_key("lm_head.weight"))?;

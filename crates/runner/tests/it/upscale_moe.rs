@@ -147,13 +147,31 @@ fn zero_layers_of_a_moe_upscale_add_exactly_nothing() {
 fn bad_moe_shapes_are_errors_that_name_the_problem() {
     let dir = tempfile::tempdir().unwrap();
     let check = |shape: MoeShape, want: &str| {
-        let err = widen_moe::upscale(&tiny_dir(), &shape, &dir.path().join("x"), OutDtype::F32, 1 << 30)
-            .unwrap_err()
-            .to_string();
+        let err = widen_moe::upscale(
+            &tiny_dir(),
+            &shape,
+            &dir.path().join("x"),
+            OutDtype::F32,
+            1 << 30,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains(want), "{err:?} should contain {want:?}");
     };
-    check(MoeShape { hidden: 128, ..SMALL }, "hidden=128 is smaller");
-    check(MoeShape { expert_copies: 0, ..SMALL }, "expert_copies=0 is smaller");
+    check(
+        MoeShape {
+            hidden: 128,
+            ..SMALL
+        },
+        "hidden=128 is smaller",
+    );
+    check(
+        MoeShape {
+            expert_copies: 0,
+            ..SMALL
+        },
+        "expert_copies=0 is smaller",
+    );
     check(
         MoeShape {
             heads: 4,
@@ -170,16 +188,31 @@ fn bad_moe_shapes_are_errors_that_name_the_problem() {
         },
         "linear_value_heads must be a multiple of linear_key_heads",
     );
-    check(MoeShape { hidden: 256, ..SMALL }, "spare hidden channel");
+    check(
+        MoeShape {
+            hidden: 256,
+            ..SMALL
+        },
+        "spare hidden channel",
+    );
     // A dense source is no Qwen3.5-MoE.
     let dense = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-mtp");
-    let err = widen_moe::upscale(&dense, &SMALL, &dir.path().join("y"), OutDtype::F32, 1 << 30)
-        .unwrap_err()
-        .to_string();
+    let err = widen_moe::upscale(
+        &dense,
+        &SMALL,
+        &dir.path().join("y"),
+        OutDtype::F32,
+        1 << 30,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("knows Qwen3.5-MoE"), "{err}");
     assert!(!widen_moe::is_moe_model(&dense) && widen_moe::is_moe_model(&tiny_dir()));
     let named = widen_moe::parse_shape("moe").unwrap();
-    assert_eq!((named.hidden, named.layers, named.expert_copies), (2048, 40, 8));
+    assert_eq!(
+        (named.hidden, named.layers, named.expert_copies),
+        (2048, 40, 8)
+    );
     assert!(
         widen_moe::parse_shape("hidden=512,layers=8")
             .unwrap_err()
