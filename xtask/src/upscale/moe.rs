@@ -272,7 +272,7 @@ struct Plan {
     wants: BTreeMap<String, Vec<usize>>,
 }
 
-/// `count` blocks of `len` from `src_step·i` to `dst(i)·len` (heads, experts).
+/// `count` blocks of `len`: block `i` from `i·len` to `dst(i)·len` (heads, experts).
 fn blocks(count: usize, len: usize, dst: impl Fn(usize) -> usize) -> Vec<Seg> {
     (0..count)
         .map(|i| Seg {
