@@ -143,6 +143,7 @@ pub(crate) fn render_into(rows: &[Value], dir: &Path) -> Result<String> {
         };
         section(&mut md, &g, dir)?;
     }
+    md.push_str(scale::HOW_BUILT);
     Ok(md)
 }
 
@@ -599,6 +600,7 @@ mod tests {
             "| **2.00** |",
             "2025-11-30T00:00:00Z, commit abc1234",
             "Rerun: `cargo xtask bench`",
+            "## How the spec-scale shapes are built",
         ] {
             assert!(md.contains(want), "missing {want:?} in\n{md}");
         }
@@ -617,6 +619,46 @@ mod tests {
                 bytes.len()
             );
             assert_eq!(&bytes[..4], b"\x89PNG", "{} is not a PNG", p.display());
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn spec_scale_rows_show_round_costs_per_depth() {
+        let dir = std::env::temp_dir().join(format!("xtask-report-scale-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let row = |kind: &str, method: &str, depth: u64, verify: f64| {
+            let mut v = json!({"bench": "spec-scale", "kind": kind, "engine": "mtp-runner",
+            "shape": "moe", "dtype": "bf16", "method": method, "depth": depth,
+            "tokens_per_s": 50.0, "step_ms": 4.0, "mean_accepted_length": 2.0,
+            "acceptance_rate": 0.5, "tokens": 256, "prompts": 3, "greedy_equal_plain": true,
+            "round_costs": if method == "off" { Value::Null } else {
+                json!({"round_ms": verify + 2.0, "draft_ms": 1.5, "verify_ms": verify})
+            }});
+            v["suite"] = "spec-scale".into();
+            v["machine"] = "Test GPU".into();
+            v["device"] = "gpu".into();
+            v["device_name"] = "Test GPU".into();
+            v["date"] = "2025-11-30T00:00:00Z".into();
+            v["commit"] = "abc1234".into();
+            v["command"] = "cargo xtask bench spec-scale".into();
+            v
+        };
+        let rows = vec![
+            row("decode", "off", 0, 0.0),
+            row("decode", "mtp", 1, 5.0),
+            row("round-profile", "mtp", 1, 6.0),
+            row("round-profile", "mtp", 3, 10.0),
+        ];
+        let md = render_into(&rows, &dir).unwrap();
+        for want in [
+            "| shape | dtype | rows | depth | round ms | draft ms | verify ms | verify ÷ plain step |",
+            "| moe | bf16 | decode | 1 | 7.00 | 1.50 | 5.00 | 1.25 |",
+            "| moe | bf16 | round-profile | 1 | 8.00 | 1.50 | 6.00 | 1.50 |",
+            "| moe | bf16 | round-profile | 3 | 12.00 | 1.50 | 10.00 | 2.50 |",
+        ] {
+            assert!(md.contains(want), "missing {want:?} in\n{md}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -1,4 +1,4 @@
-//! `cargo xtask bench spec-scale`: plain vs MTP speculation at real model sizes, on function-preserving upscales of tiny-mtp, ours and mlx-lm on the same weights.
+//! `cargo xtask bench spec-scale`: plain vs MTP speculation at real model sizes, on function-preserving upscales of tiny-mtp (and tiny-moe-mtp), ours and mlx-lm on the same weights.
 //!
 //! `bench spec-scale [--shapes tiny,24l] [--dtypes bf16,f32] [--tokens 256] [--prompts 3]
 //! [--budget-s S] [--stage-cap-s S] [--work DIR] [--rows FILE] [--engines ours,mlx-lm]
@@ -10,6 +10,13 @@
 //!   `tiny,1.7b,8b` on a GPU. mlx-lm's draft model is models/tiny-draft for
 //!   `tiny` and `24l` (same vocabulary) and tiny-draft upscaled to `0.6b` for
 //!   the two 151,936-row shapes.
+//! * `moe` is models/tiny-moe-mtp upscaled by [`crate::upscale::moe`]
+//!   (Qwen3.5-35B-A3B's per-token widths, experts duplicated so each token
+//!   reads 16 experts). mlx-lm runs it plain only (no draft model shares its
+//!   248,320-row vocabulary), and ours profiles every fixed depth
+//!   (`--profile-depth 1,2,3,4`: `round-profile` rows with the device time of
+//!   the verify per depth), since a MoE verify of `k + 1` rows reads up to
+//!   `k + 1` tokens' experts and so grows with the depth.
 //! * Stages, in this order: every shape in bf16 (ours, then mlx-lm), then every
 //!   shape in f32. Ours is the runner example `scale-bench` (plain, MTP at auto
 //!   and depths 4..1, TTFT at 1,000 and 600 prompt tokens), mlx-lm is
@@ -45,6 +52,7 @@ const PROMPTS: &str = include_str!("../assets/spec-scale-prompts.json");
 const MLX_LM_SCRIPT: &str = "crates/runner/examples/mlx_lm_scale.py";
 const TINY: &str = "models/tiny-mtp";
 const TINY_DRAFT: &str = "models/tiny-draft";
+const TINY_MOE: &str = "models/tiny-moe-mtp";
 /// A stage with less than this left is skipped rather than started.
 const MIN_STAGE: Duration = Duration::from_secs(20);
 /// How long past its own deadline a child may run before it is killed.
@@ -116,8 +124,8 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
         }
     }
     for s in &o.shapes {
-        if s != "tiny" && !crate::upscale::widen::NAMED.iter().any(|(n, _)| n == s) {
-            bail!("spec-scale: unknown shape `{s}` (tiny, 24l, 1.7b, 8b)");
+        if s != "tiny" && !is_dense(s) && !is_moe(s) {
+            bail!("spec-scale: unknown shape `{s}` (tiny, 24l, 1.7b, 8b, moe)");
         }
     }
     for d in o.dtypes.iter().flatten() {
@@ -131,6 +139,27 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
         bail!("spec-scale: --prompts takes 1 to {}", all.len());
     }
     Ok(o)
+}
+
+/// A named upscale of tiny-mtp.
+fn is_dense(shape: &str) -> bool {
+    crate::upscale::widen::NAMED
+        .iter()
+        .any(|(n, _)| *n == shape)
+}
+
+/// A named upscale of tiny-moe-mtp.
+fn is_moe(shape: &str) -> bool {
+    crate::upscale::moe::NAMED.iter().any(|(n, _)| *n == shape)
+}
+
+/// Extra `scale-bench` flags for `shape`: a MoE profiles every fixed depth.
+fn ours_extra(shape: &str) -> Vec<String> {
+    if is_moe(shape) {
+        vec!["--profile-depth".into(), "1,2,3,4".into()]
+    } else {
+        Vec::new()
+    }
 }
 
 /// `bench spec-scale`: runs, merges into the results file and redraws.
@@ -331,6 +360,7 @@ fn run_with(o: &Opts, device: &Value) -> Result<Vec<Value>> {
             args.extend(["--deadline-s".into(), format!("{:.0}", l.as_secs_f64())]);
         }
         let mut c = if st.engine == "ours" {
+            args.extend(ours_extra(&st.shape));
             bins::command(SCALE_BENCH, &args)?
         } else {
             let mut c = Command::new(python.as_ref().expect("checked above"));
@@ -396,6 +426,10 @@ fn models(
     if shape == "tiny" {
         return Ok((root.join(TINY), draft.then(|| root.join(TINY_DRAFT))));
     }
+    if is_moe(shape) {
+        // No draft model shares the 248,320-row vocabulary: mlx-lm runs plain.
+        return Ok((build(&root.join(TINY_MOE), shape, &o.work, sink)?, None));
+    }
     let model = build(&root.join(TINY), shape, &o.work, sink)?;
     let draft = match (draft, shape) {
         (false, _) => None,
@@ -427,10 +461,9 @@ fn build(src: &Path, shape: &str, work: &Path, sink: &mut Sink<'_>) -> Result<Pa
         std::fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
     }
     let t = Instant::now();
-    let shape_v = crate::upscale::widen::parse_shape(shape)?;
-    let s = crate::upscale::widen::upscale(
+    let s = crate::upscale::upscale_named(
         src,
-        &shape_v,
+        shape,
         &out,
         crate::upscale::widen::OutDtype::Bf16,
         4 << 30,
@@ -555,12 +588,32 @@ mod tests {
     }
 
     #[test]
+    fn the_moe_shape_is_known_and_profiles_every_depth() {
+        let a: Vec<String> = ["--shapes", "moe", "--dtypes", "bf16"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        let o = parse(&a, true).unwrap();
+        let got: Vec<String> = stages(&o, true)
+            .iter()
+            .map(|s| format!("{}/{}/{}", s.shape, s.dtype, s.engine))
+            .collect();
+        assert_eq!(got, ["moe/bf16/ours", "moe/bf16/mlx-lm"]);
+        assert_eq!(ours_extra("moe"), ["--profile-depth", "1,2,3,4"]);
+        assert!(ours_extra("8b").is_empty());
+        // Its source is a Qwen3.5-MoE, which the MoE rules take.
+        assert!(crate::upscale::moe::is_moe_model(
+            &cmd::root().join(TINY_MOE)
+        ));
+    }
+
+    #[test]
     fn bad_options_name_the_option() {
         let err = |a: &[&str]| {
             let a: Vec<String> = a.iter().map(|s| (*s).to_owned()).collect();
             parse(&a, false).unwrap_err().to_string()
         };
-        assert!(err(&["--shapes", "9b"]).contains("unknown shape `9b`"));
+        assert!(err(&["--shapes", "9b"]).contains("unknown shape `9b` (tiny, 24l, 1.7b, 8b, moe)"));
         assert!(err(&["--dtypes", "f16"]).contains("not `f16`"));
         assert!(err(&["--prompts", "0"]).contains("--prompts takes 1 to 4"));
         assert!(err(&["--frobnicate"]).contains("unknown spec-scale option"));

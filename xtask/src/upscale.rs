@@ -2,13 +2,15 @@
 //!
 //! `upscale --model DIR --shape NAME --out DIR [--dtype bf16|f32] [--shard-mib N]`
 //!
-//! The rules live in [`widen`]. The GPU bundle carries this xtask, so `gpu.sh`
+//! The rules live in [`widen`] (Qwen3 + MTP) and [`moe`] (Qwen3.5-MoE + MTP,
+//! chosen when the source's `model_type` is `qwen3_5_moe`). The GPU bundle carries this xtask, so `gpu.sh`
 //! builds the big shapes on the device (the 8b shape is 15.6 GB in bf16, but
 //! only the source's ~50 MB are written; the zeros are file holes).
 
+pub(crate) mod moe;
 pub(crate) mod widen;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -16,6 +18,8 @@ use anyhow::{Context, Result, bail};
 const USAGE: &str = "\
 usage: cargo xtask upscale --model DIR --shape NAME --out DIR [--dtype bf16|f32] [--shard-mib N]
   --shape  24l | 1.7b | 8b | 0.6b, or hidden=N,intermediate=N,layers=N,heads=N,kv_heads=N,vocab=N
+           for a qwen3_5_moe source: moe, or hidden=N,layers=N,heads=N,kv_heads=N,linear_key_heads=N,
+           linear_value_heads=N,expert_copies=N,moe_intermediate=N,shared_intermediate=N,vocab=N
   --dtype  stored dtype of the weights (default bf16); f32 makes every scaling exact
   --shard-mib  most MiB per safetensors file (default 4096)";
 
@@ -28,7 +32,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         let mut val = || it.next().with_context(|| format!("`{a}` needs a value"));
         match a.as_str() {
             "--model" => model = Some(PathBuf::from(val()?)),
-            "--shape" => shape = Some(widen::parse_shape(val()?)?),
+            "--shape" => shape = Some(val()?.clone()),
             "--out" => out = Some(PathBuf::from(val()?)),
             "--dtype" => dtype = widen::OutDtype::parse(val()?)?,
             "--shard-mib" => {
@@ -47,7 +51,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         bail!("upscale needs --model, --shape and --out\n{USAGE}");
     };
     let start = Instant::now();
-    let s = widen::upscale(&model, &shape, &out, dtype, shard_mib.max(1) << 20)
+    let s = upscale_named(&model, &shape, &out, dtype, shard_mib.max(1) << 20)
         .with_context(|| format!("upscaling {} to {}", model.display(), out.display()))?;
     let line = serde_json::json!({
         "upscale": out.display().to_string(), "source": model.display().to_string(),
@@ -57,6 +61,22 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     });
     println!("{line}");
     Ok(())
+}
+
+/// Upscales `src` to the shape `name` (named or key=value) by the rules of its
+/// family: [`moe`] for a `qwen3_5_moe` source, else [`widen`].
+pub(crate) fn upscale_named(
+    src: &Path,
+    name: &str,
+    out: &Path,
+    dtype: widen::OutDtype,
+    shard_bytes: u64,
+) -> Result<widen::Summary> {
+    Ok(if moe::is_moe_model(src) {
+        moe::upscale(src, &moe::parse_shape(name)?, out, dtype, shard_bytes)?
+    } else {
+        widen::upscale(src, &widen::parse_shape(name)?, out, dtype, shard_bytes)?
+    })
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //!
 //! `cargo run --release -p runner --example scale-bench -- --model DIR --prompts FILE
 //! [--shape NAME] [--dtype f32|bf16] [--depths auto,4,3,2,1] [--tokens N]
-//! [--ttft-tokens 1000,600] [--profile-depth 3|none] [--deadline-s S]`
+//! [--ttft-tokens 1000,600] [--profile-depth 3|1,2,3,4|none] [--deadline-s S]`
 //!
 //! `--prompts` is a JSON array of strings; each prompt is id 0 (`<|endoftext|>`,
 //! where training documents start) then the text's tokens, the ids
@@ -19,7 +19,7 @@
 //!   `ttft_ms` (mean over the prompts). Plain is `method: "off"`, `depth: 0`.
 //!   `round_costs`: a drafted round's mean wall time and its phases in ms
 //!   (host-side phases; see `runner::Phases`).
-//! * `kind: "round-profile"`: the `--profile-depth` case again with every
+//! * `kind: "round-profile"`: each `--profile-depth` depth again with every
 //!   round synced per phase (`runner::set_profile_rounds`): `round_costs`
 //!   then holds device times of the draft, the verify forward and the
 //!   acceptance (its tokens/s is not comparable: extra syncs).
@@ -188,7 +188,7 @@ fn main() -> Res<()> {
     let (mut model, mut prompts_file, mut shape) = (None, None, String::from("?"));
     let (mut dtype_name, mut tokens, mut deadline) = (String::from("f32"), 256usize, None);
     let mut depths = "auto,4,3,2,1".to_owned();
-    let mut profile = Some(3);
+    let mut profile: Vec<usize> = vec![3];
     let mut ttft = "1000,600".to_owned();
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or(format!("{a} needs a value"));
@@ -201,7 +201,16 @@ fn main() -> Res<()> {
             "--tokens" => tokens = val()?.parse()?,
             "--profile-depth" => {
                 let v = val()?;
-                profile = if v == "none" { None } else { Some(v.parse()?) };
+                profile = if v == "none" {
+                    Vec::new()
+                } else {
+                    v.split(',')
+                        .map(|d| d.trim().parse::<usize>())
+                        .collect::<Result<_, _>>()
+                        .map_err(|_| {
+                            format!("--profile-depth {v}: depths like 3 or 1,2,3,4, or none")
+                        })?
+                };
             }
             "--ttft-tokens" => ttft = val()?,
             "--deadline-s" => deadline = Some(Duration::from_secs_f64(val()?.parse()?)),
@@ -275,9 +284,9 @@ fn main() -> Res<()> {
     let mut cases: Vec<(&str, DepthPolicy, bool)> = vec![("off", DepthPolicy::Fixed(0), false)];
     if m.model.mtp_head().is_some() {
         cases.extend(depths.iter().map(|&d| ("mtp", d, false)));
-        // One fixed depth again with every round synced per phase: device
+        // The --profile-depth depths again with every round synced per phase: device
         // time of the draft, the verify forward and the acceptance.
-        if let Some(p) = profile {
+        for &p in &profile {
             cases.push(("mtp", DepthPolicy::Fixed(p), true));
         }
     } else {

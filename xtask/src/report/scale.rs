@@ -9,9 +9,55 @@ use serde_json::Value;
 
 use super::{COLORS, Group, canvas, depth_chart, depth_x, f, legend, line, pe};
 
+/// How the spec-scale shapes are built and why they compute what their
+/// sources compute: the last section of docs/bench/README.md.
+pub(super) const HOW_BUILT: &str = "\n## How the spec-scale shapes are built\n\n\
+`cargo xtask upscale` widens a trained model with zeros so that the bigger model computes the same \
+function: a step moves a real model's bytes and launches its kernels while drafts are accepted as the \
+trained model's are. The dense shapes (`24l`, `1.7b`, `8b`, `0.6b`; rules in `xtask/src/upscale/widen.rs`) \
+widen models/tiny-mtp: zero channels, heads, MLP units and layers, RMSNorm weights × sqrt(H/H') with \
+`rms_norm_eps` × H/H', query heads kept on their KV head.\n\n\
+The `moe` shape (rules in `xtask/src/upscale/moe.rs`) widens models/tiny-moe-mtp (Qwen3.5-MoE: Gated \
+DeltaNet and gated attention, 8 experts top-2 with a sigmoid-gated shared expert, a MoE MTP layer) to \
+Qwen3.5-35B-A3B's per-token widths: hidden 2048, 40 layers in the source's linear, linear, full pattern \
+(the 34 new ones all zero), gated attention 64 query / 8 KV heads of 64 (the real 16 / 2 of 256 in \
+projection widths), Gated DeltaNet 32 key / 64 value heads of 64 (the real 16 / 32 of 128), 8 experts × \
+8 copies = 64 with top-16 of width 256 (as many expert bytes per token as the real top-8 of 512), shared \
+expert 512, vocabulary 248,320: 6.6 B parameters, 13.2 GB in bf16, 2.9 B read per token. Why it is exact:\n\n\
+- **Residual stream × a = sqrt(H'/H).** The embedding and every projection that writes the residual \
+(`o_proj`, `out_proj`, the experts' and shared expert's `down_proj`, `mtp.fc`) are × a, the (now untied) \
+`lm_head` × 1/a, and the zero-centred norm gains `1 + w` over H' are ÷ a (the final norm and `mtp.norm` \
+keep theirs). An RMSNorm over H' with zero new channels then sees the source's mean square with the \
+source's `rms_norm_eps`, so every norm that runs over `head_dim` or the DeltaNet's value width (q/k norms, \
+the gated RMSNorm) sees unchanged inputs: nothing depends on a changed eps.\n\
+- **Head widths stay, head counts grow.** The DeltaNet scales its L2-normalised queries by 1/sqrt(Dk) and \
+attention's softmax scale and rotary width depend on `head_dim`, so a wider head would compute something \
+else. A query head (query and gate rows, `o_proj` columns) and a DeltaNet value head (its v rows and conv \
+channels, z/a/b rows, `A_log`, `dt_bias`, `out_proj` columns) move so that each keeps its key head. New \
+heads' rows are zero: their L2-normalised q and k are exactly 0, their recurrent state stays 0, their \
+output and gated norm are 0, and their output columns are zero.\n\
+- **Experts duplicated, top-k × m.** Each expert becomes m = 8 copies with its router row copied: the \
+softmax gives each copy p/m, so the top-16 are exactly the copies of the source's top-2 (unless its 2nd and \
+3rd probabilities tie), and with or without `norm_topk_prob` the copies' weights sum to the source's \
+weight: the same output up to float summation order. Expert and shared-expert widths grow with zero \
+units. A verify of k + 1 rows then reads up to (k + 1) · 16 experts (all 64 from k + 1 = 4 on, as the \
+source has only 8 experts of top-2), so its cost grows with the depth as a real MoE's does: the round-cost \
+table above shows the verify per fixed depth (`round-profile` rows: device time, every phase synced).\n\
+- **New layers add exactly 0**: every mixer's output projection and every expert's `down_proj` is zero \
+and nothing before them is infinite (a zero router is a uniform softmax, a zero `A_log` a finite decay). \
+Padding vocabulary rows get logits thousands below every real one through a bias channel, as in the \
+dense shapes.\n\n\
+Checked by `runner/tests/it/upscale_moe.rs` on a small variant (hidden 512, 8 layers, 32 experts top-8, \
+f32): logits within 1.3e-5 (trunk) and 1.5e-5 (MTP head) of tiny-moe-mtp's, greedy plain and MTP \
+(depth 3 and auto) token for token, acceptance per draft position equal at depth 3, and the two zero \
+layers leaving every logit bit-identical. In bf16 the weights × a round once more unless a is a power of \
+two (H'/H a power of 4): for `moe` (a = 2·sqrt(2)) this is one extra bf16 rounding of those weights (the \
+small variant at a = sqrt(2): max logit change 0.05 of |logit| ≤ 19, same argmax; at a = 2: 1.6e-5). \
+mlx-lm runs `moe` plain only: no draft model shares its vocabulary.\n";
+
 /// Shapes in size order; unknown ones after.
 fn shape_rank(s: &str) -> usize {
-    ["tiny", "24l", "1.7b", "8b"]
+    ["tiny", "24l", "1.7b", "8b", "moe"]
         .iter()
         .position(|x| *x == s)
         .unwrap_or(9)
@@ -125,6 +171,7 @@ pub(super) fn section(md: &mut String, g: &Group<'_>, dir: &Path, slug: &str) ->
             );
         }
     }
+    round_costs(md, &all, &decode);
     let notes: Vec<String> = all
         .iter()
         .filter(|r| r["kind"] == "skipped" || r["kind"] == "error")
@@ -167,6 +214,63 @@ pub(super) fn section(md: &mut String, g: &Group<'_>, dir: &Path, slug: &str) ->
         );
     }
     floor(md, g, &all, &decode, dir, slug)
+}
+
+/// The round costs of ours per fixed depth: where the verify grows with the
+/// depth (a MoE's verify of `k + 1` rows reads up to `k + 1` tokens' experts).
+fn round_costs(md: &mut String, all: &[&Value], decode: &[&Value]) {
+    let mut rows: Vec<&Value> = all
+        .iter()
+        .copied()
+        .filter(|r| {
+            (r["kind"] == "decode" || r["kind"] == "round-profile")
+                && r["method"] == "mtp"
+                && r["depth"].is_u64()
+                && r["round_costs"].is_object()
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    rows.sort_by_key(|r| {
+        (
+            shape_rank(s(r, "shape")),
+            s(r, "shape").to_owned(),
+            s(r, "dtype").to_owned(),
+            s(r, "kind").to_owned(),
+            r["depth"].as_u64(),
+        )
+    });
+    let _ = writeln!(
+        md,
+        "\nRound costs per fixed depth (ours), ms: a drafted round's mean wall time and its phases. \
+         `decode` rows time the phases on the host in the pipelined run; `round-profile` rows sync \
+         every phase, so their verify is the device time of one forward over depth + 1 rows (on a \
+         MoE that reads up to depth + 1 tokens' experts, so it grows with the depth).\n\n\
+         | shape | dtype | rows | depth | round ms | draft ms | verify ms | verify ÷ plain step |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
+    for r in rows {
+        let c = &r["round_costs"];
+        let ratio = match (
+            c["verify_ms"].as_f64(),
+            plain_of(decode, r).and_then(|p| p["step_ms"].as_f64()),
+        ) {
+            (Some(v), Some(p)) if p > 0.0 => format!("{:.2}", v / p),
+            _ => "–".into(),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {ratio} |",
+            s(r, "shape"),
+            s(r, "dtype"),
+            s(r, "kind"),
+            r["depth"],
+            f(&c["round_ms"], 2),
+            f(&c["draft_ms"], 2),
+            f(&c["verify_ms"], 2),
+        );
+    }
 }
 
 /// tokens/s against depth for one shape: a line per (engine, dtype, method), plain flat.

@@ -181,7 +181,7 @@ impl OutDtype {
         }
     }
 
-    fn size(self) -> usize {
+    pub(crate) fn size(self) -> usize {
         match self {
             OutDtype::Bf16 => 2,
             OutDtype::F32 => 4,
@@ -195,7 +195,7 @@ impl OutDtype {
         }
     }
 
-    fn torch_name(self) -> &'static str {
+    pub(crate) fn torch_name(self) -> &'static str {
         match self {
             OutDtype::Bf16 => "bfloat16",
             OutDtype::F32 => "float32",
@@ -239,59 +239,10 @@ pub(crate) fn upscale(
     let plan = Plan::new(&old, shape, dtype, &config, &config_path)?;
     let outs = plan.tensors(&tensors)?;
     prepare_out(out)?;
-    // Marks the folder as an upscale from the start, so a run cut short can be replaced.
-    write_text(
-        &out.join("UPSCALE.json"),
-        &json!({"complete": false, "source": src.display().to_string()}),
-    )?;
-
-    // Shards: tensors in name order, a new file when the next would pass `shard_bytes`.
-    let mut shards: Vec<Vec<&Out>> = vec![Vec::new()];
-    let mut size = 0u64;
-    for t in &outs {
-        let b = t.bytes() as u64;
-        if size > 0 && size + b > shard_bytes {
-            shards.push(Vec::new());
-            size = 0;
-        }
-        size += b;
-        shards.last_mut().expect("one shard").push(t);
-    }
-    let n = shards.len();
-    let mut files = Vec::new();
-    let mut weight_map = serde_json::Map::new();
-    let mut total = 0u64;
-    for (i, shard) in shards.iter().enumerate() {
-        let name = if n == 1 {
-            "model.safetensors".to_owned()
-        } else {
-            format!("model-{:05}-of-{n:05}.safetensors", i + 1)
-        };
-        let path = out.join(&name);
-        total += write_shard(&path, shard, &tensors)?;
-        for t in shard {
-            weight_map.insert(t.name.clone(), name.clone().into());
-        }
-        files.push(path);
-    }
-    if n > 1 {
-        let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
-        write_text(&out.join("model.safetensors.index.json"), &index)?;
-    }
+    let (files, total) = write_all(src, out, &outs, &tensors, shard_bytes)?;
     let mut new_config = config.clone();
     plan.edit_config(&mut new_config);
     write_text(&out.join("config.json"), &new_config)?;
-    for entry in std::fs::read_dir(src)? {
-        let name = entry?.file_name();
-        let s = name.to_string_lossy();
-        let keep = s.starts_with("tokenizer")
-            || s == "generation_config.json"
-            || s == "special_tokens_map.json"
-            || s.starts_with("chat_template");
-        if keep {
-            std::fs::copy(src.join(&name), out.join(&name))?;
-        }
-    }
     let params: u64 = outs.iter().map(|t| t.numel() as u64).sum();
     let summary = Summary {
         params,
@@ -325,23 +276,23 @@ fn shape_json(s: &Shape) -> Value {
            "heads": s.heads, "kv_heads": s.kv_heads, "vocab": s.vocab})
 }
 
-fn bad(msg: String) -> io::Error {
+pub(crate) fn bad(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
-fn read_text(p: &Path) -> io::Result<String> {
+pub(crate) fn read_text(p: &Path) -> io::Result<String> {
     std::fs::read_to_string(p)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))
 }
 
-fn write_text(p: &Path, v: &Value) -> io::Result<()> {
+pub(crate) fn write_text(p: &Path, v: &Value) -> io::Result<()> {
     let text = serde_json::to_string_pretty(v).map_err(|e| bad(e.to_string()))?;
     std::fs::write(p, text + "\n")
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))
 }
 
 /// Makes `out` an empty folder, refusing to clear one that is not an earlier upscale.
-fn prepare_out(out: &Path) -> io::Result<()> {
+pub(crate) fn prepare_out(out: &Path) -> io::Result<()> {
     if out.exists() {
         let mut entries = std::fs::read_dir(out)?.peekable();
         if entries.peek().is_some() {
@@ -355,6 +306,71 @@ fn prepare_out(out: &Path) -> io::Result<()> {
         }
     }
     std::fs::create_dir_all(out)
+}
+
+/// Marks `out` as an upscale in progress, writes `outs` (values from `tensors`)
+/// in safetensors shards of at most `shard_bytes` (with an index when there
+/// are several), and copies the tokenizer and generation files from `src`.
+/// Returns the shards and their tensor bytes; the caller writes config.json
+/// and the final UPSCALE.json.
+pub(crate) fn write_all(
+    src: &Path,
+    out: &Path,
+    outs: &[Out],
+    tensors: &BTreeMap<String, Src>,
+    shard_bytes: u64,
+) -> io::Result<(Vec<PathBuf>, u64)> {
+    // Marks the folder as an upscale from the start, so a run cut short can be replaced.
+    write_text(
+        &out.join("UPSCALE.json"),
+        &json!({"complete": false, "source": src.display().to_string()}),
+    )?;
+
+    // Shards: tensors in name order, a new file when the next would pass `shard_bytes`.
+    let mut shards: Vec<Vec<&Out>> = vec![Vec::new()];
+    let mut size = 0u64;
+    for t in outs {
+        let b = t.bytes() as u64;
+        if size > 0 && size + b > shard_bytes {
+            shards.push(Vec::new());
+            size = 0;
+        }
+        size += b;
+        shards.last_mut().expect("one shard").push(t);
+    }
+    let n = shards.len();
+    let mut files = Vec::new();
+    let mut weight_map = serde_json::Map::new();
+    let mut total = 0u64;
+    for (i, shard) in shards.iter().enumerate() {
+        let name = if n == 1 {
+            "model.safetensors".to_owned()
+        } else {
+            format!("model-{:05}-of-{n:05}.safetensors", i + 1)
+        };
+        let path = out.join(&name);
+        total += write_shard(&path, shard, tensors)?;
+        for t in shard {
+            weight_map.insert(t.name.clone(), name.clone().into());
+        }
+        files.push(path);
+    }
+    if n > 1 {
+        let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+        write_text(&out.join("model.safetensors.index.json"), &index)?;
+    }
+    for entry in std::fs::read_dir(src)? {
+        let name = entry?.file_name();
+        let s = name.to_string_lossy();
+        let keep = s.starts_with("tokenizer")
+            || s == "generation_config.json"
+            || s == "special_tokens_map.json"
+            || s.starts_with("chat_template");
+        if keep {
+            std::fs::copy(src.join(&name), out.join(&name))?;
+        }
+    }
+    Ok((files, total))
 }
 
 /// The source's widths, from config.json.
@@ -529,13 +545,13 @@ pub(crate) fn read_safetensors(dir: &Path) -> io::Result<BTreeMap<String, Src>> 
 
 /// `len` source indices from `src` land at `dst`.
 #[derive(Debug, Clone, Copy)]
-struct Seg {
-    src: usize,
-    dst: usize,
-    len: usize,
+pub(crate) struct Seg {
+    pub src: usize,
+    pub dst: usize,
+    pub len: usize,
 }
 
-fn ident(len: usize) -> Vec<Seg> {
+pub(crate) fn ident(len: usize) -> Vec<Seg> {
     vec![Seg {
         src: 0,
         dst: 0,
@@ -545,28 +561,31 @@ fn ident(len: usize) -> Vec<Seg> {
 
 /// Output rows in `rows` get `value` at column `col`.
 #[derive(Debug, Clone)]
-struct Fill {
-    rows: Range<usize>,
-    col: usize,
-    value: f32,
+pub(crate) struct Fill {
+    pub rows: Range<usize>,
+    pub col: usize,
+    pub value: f32,
 }
 
-/// One output tensor: a `[rows, cols]` (or `[cols]`) zero tensor with the
-/// mapped source values (times `scale`) and fills written into it.
+/// One output tensor: a `[rows, cols]` (or `[cols]`, or `[.., rows, cols]`
+/// seen as its rows) zero tensor with the mapped source values `v` written
+/// as `(v + offset) · scale − offset` (`offset` 1 scales a zero-centred norm's
+/// gain `1 + w`), and fills written into it.
 #[derive(Debug)]
-struct Out {
-    name: String,
-    shape: Vec<usize>,
-    dtype: OutDtype,
-    src: Option<String>,
-    rows: Vec<Seg>,
-    cols: Vec<Seg>,
-    scale: f32,
-    fills: Vec<Fill>,
+pub(crate) struct Out {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub dtype: OutDtype,
+    pub src: Option<String>,
+    pub rows: Vec<Seg>,
+    pub cols: Vec<Seg>,
+    pub scale: f32,
+    pub offset: f32,
+    pub fills: Vec<Fill>,
 }
 
 impl Out {
-    fn zero(name: String, shape: Vec<usize>, dtype: OutDtype) -> Out {
+    pub(crate) fn zero(name: String, shape: Vec<usize>, dtype: OutDtype) -> Out {
         Out {
             name,
             shape,
@@ -575,11 +594,12 @@ impl Out {
             rows: Vec::new(),
             cols: Vec::new(),
             scale: 1.0,
+            offset: 0.0,
             fills: Vec::new(),
         }
     }
 
-    fn numel(&self) -> usize {
+    pub(crate) fn numel(&self) -> usize {
         self.shape.iter().product()
     }
 
@@ -587,13 +607,11 @@ impl Out {
         self.numel() * self.dtype.size()
     }
 
-    /// (rows, cols) of the output, a vector being one row.
+    /// (rows, cols) of the output, a vector being one row and a 3-D tensor
+    /// its leading dimensions' rows.
     fn dims(&self) -> (usize, usize) {
-        match self.shape[..] {
-            [c] => (1, c),
-            [r, c] => (r, c),
-            _ => unreachable!("upscale only makes 1-D and 2-D tensors"),
-        }
+        let c = self.shape.last().copied().unwrap_or(1);
+        (self.numel() / c.max(1), c)
     }
 }
 
@@ -1026,6 +1044,7 @@ fn write_tensor(file: &File, base: u64, t: &Out, src: Option<&Src>) -> io::Resul
     // Same stored dtype and no scaling: copy bytes.
     let raw = src.is_some_and(|s| {
         t.scale == 1.0
+            && t.offset == 0.0
             && matches!(
                 (s.dtype, t.dtype),
                 (SrcDtype::Bf16, OutDtype::Bf16) | (SrcDtype::F32, OutDtype::F32)
@@ -1046,7 +1065,12 @@ fn write_tensor(file: &File, base: u64, t: &Out, src: Option<&Src>) -> io::Resul
                         .copy_from_slice(&s.data[from * es..(from + g.len) * es]);
                 } else {
                     for k in 0..g.len {
-                        put(&mut buf, g.dst + k, s.get(from + k) * t.scale, t.dtype);
+                        put(
+                            &mut buf,
+                            g.dst + k,
+                            (s.get(from + k) + t.offset) * t.scale - t.offset,
+                            t.dtype,
+                        );
                     }
                 }
                 lo = lo.min(g.dst);

@@ -6,6 +6,10 @@ mod common;
 #[path = "../../../../xtask/src/upscale/widen.rs"]
 #[allow(dead_code)]
 mod widen;
+// And its Qwen3.5-MoE rules, which use `widen` (tests/it/upscale_moe.rs).
+#[path = "../../../../xtask/src/upscale/moe.rs"]
+#[allow(dead_code)]
+mod widen_moe;
 #[path = "../fixtures/hybrid/writer.rs"]
 mod writer;
 
@@ -43,3 +47,4 @@ mod spec_syncs;
 mod streaming;
 mod strict_loading;
 mod upscale;
+mod upscale_moe;

@@ -49,7 +49,7 @@ fn tiny_dir() -> PathBuf {
 
 /// Row-major `[rows, cols]` logits of every position of `ids` (trunk), and of the
 /// MTP head fed the trunk's hiddens and the next tokens.
-fn logits(m: &LoadedModel, ids: &[u32]) -> (Vec<f32>, Vec<f32>) {
+pub(crate) fn logits(m: &LoadedModel, ids: &[u32]) -> (Vec<f32>, Vec<f32>) {
     let model = m.model.as_ref();
     let mut caches = model.new_caches();
     let t = Array::from_slice(ids, &[ids.len() as i32]).unwrap();
@@ -66,9 +66,15 @@ fn logits(m: &LoadedModel, ids: &[u32]) -> (Vec<f32>, Vec<f32>) {
 }
 
 /// Compares `[rows, v]` source logits with `[rows, v2]` upscale logits: the real
-/// columns within [`LOGIT_TOL`], the padding columns [`PAD_MARGIN`] below.
+/// columns within `tol`, the padding columns [`PAD_MARGIN`] below.
 /// Returns the largest difference and the highest padding logit.
-fn check_rows(what: &str, src: &[f32], up: &[f32], v: usize, v2: usize) -> (f32, f32) {
+pub(crate) fn check_rows(
+    what: &str,
+    src: &[f32],
+    up: &[f32],
+    (v, v2): (usize, usize),
+    tol: f32,
+) -> (f32, f32) {
     let rows = src.len() / v;
     assert_eq!(up.len(), rows * v2, "{what}: logits shape");
     let (mut diff, mut pad_max) = (0f32, f32::NEG_INFINITY);
@@ -84,8 +90,8 @@ fn check_rows(what: &str, src: &[f32], up: &[f32], v: usize, v2: usize) -> (f32,
         pad_max = pad_max.max(pad);
     }
     assert!(
-        diff <= LOGIT_TOL,
-        "{what}: |upscale - source| reaches {diff} (tolerance {LOGIT_TOL})"
+        diff <= tol,
+        "{what}: |upscale - source| reaches {diff} (tolerance {tol})"
     );
     (diff, pad_max)
 }
@@ -111,8 +117,8 @@ fn an_upscale_computes_what_its_source_computes() {
     let prompts = heldout_prompts(&src);
     let (v, v2) = (src.model.vocab_size(), SHAPE.vocab);
     let (a, b) = (logits(&src, &prompts[0]), logits(&up, &prompts[0]));
-    let (trunk_diff, trunk_pad) = check_rows("trunk", &a.0, &b.0, v, v2);
-    let (mtp_diff, mtp_pad) = check_rows("mtp head", &a.1, &b.1, v, v2);
+    let (trunk_diff, trunk_pad) = check_rows("trunk", &a.0, &b.0, (v, v2), LOGIT_TOL);
+    let (mtp_diff, mtp_pad) = check_rows("mtp head", &a.1, &b.1, (v, v2), LOGIT_TOL);
     eprintln!(
         "upscale: {} positions; max |diff| trunk {trunk_diff:.2e}, mtp {mtp_diff:.2e}; \
          highest padding logit trunk {trunk_pad:.0}, mtp {mtp_pad:.0}",
