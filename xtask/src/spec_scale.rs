@@ -2,7 +2,10 @@
 //!
 //! `bench spec-scale [--shapes tiny,24l] [--dtypes bf16,f32] [--tokens 256] [--prompts 3]
 //! [--budget-s S] [--stage-cap-s S] [--work DIR] [--rows FILE] [--engines ours,mlx-lm]
-//! [--out FILE] [--no-report]`
+//! [--mlx-lm-plain] [--out FILE] [--no-report]`
+//!
+//! `--mlx-lm-plain` runs mlx-lm plain only (no draft-model speculation: at the
+//! big shapes it takes most of a stage and its figures are known).
 //!
 //! * Shapes: `tiny` is models/tiny-mtp itself; `24l`, `1.7b` and `8b` are
 //!   built by [`crate::upscale`] into `--work` (default `target/bench/spec-scale`)
@@ -72,6 +75,8 @@ struct Opts {
     engines: Vec<String>,
     out: PathBuf,
     report: bool,
+    /// mlx-lm plain only (`--mlx-lm-plain`).
+    mlx_lm_plain: bool,
 }
 
 fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
@@ -101,6 +106,7 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
         engines: list("ours,mlx-lm"),
         out: cmd::root().join(bench::RESULTS),
         report: true,
+        mlx_lm_plain: false,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -117,9 +123,10 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
             "--engines" => o.engines = list(val()?),
             "--out" => o.out = PathBuf::from(val()?),
             "--no-report" => o.report = false,
+            "--mlx-lm-plain" => o.mlx_lm_plain = true,
             other => bail!(
                 "unknown spec-scale option `{other}` (known: --shapes, --dtypes, --tokens, --prompts, \
-                 --budget-s, --stage-cap-s, --work, --rows, --engines, --out, --no-report)"
+                 --budget-s, --stage-cap-s, --work, --rows, --engines, --mlx-lm-plain, --out, --no-report)"
             ),
         }
     }
@@ -367,7 +374,7 @@ fn run_with(o: &Opts, device: &Value) -> Result<Vec<Value>> {
             c.current_dir(cmd::root())
                 .arg(cmd::root().join(MLX_LM_SCRIPT))
                 .args(&args);
-            if let Some(d) = &draft {
+            if let Some(d) = draft.as_ref().filter(|_| !o.mlx_lm_plain) {
                 c.arg("--draft-model").arg(d);
             }
             bins::child_env(&mut c);
