@@ -19,24 +19,24 @@ const KERNEL: CudaKernel<'static> = CudaKernel {
     output: "y",
 };
 
-/// `y[r, j] = silu(gu[r, j]) · gu[r, HALF + j]` in f32, one thread per
-/// output; the launch covers the output exactly (its block divides `HALF`).
+/// `y[r, j] = silu(gu[r, j]) · gu[r, HALF + j]` in f32 for bf16 `gu`, one
+/// thread per output; the launch covers the output exactly (its block
+/// divides `HALF`). NVRTC has no standard library: only CUDA's intrinsics.
 const SOURCE: &str = r#"
-  using T = std::remove_cv_t<std::remove_reference_t<decltype(y[0])>>;
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   const size_t r = i / HALF;
   const size_t j = i - r * HALF;
-  const float g = static_cast<float>(gu[r * 2 * HALF + j]);
-  const float u = static_cast<float>(gu[r * 2 * HALF + HALF + j]);
-  y[i] = T(g / (1.0f + expf(-g)) * u);
+  const float g = __bfloat162float(gu[r * 2 * HALF + j]);
+  const float u = __bfloat162float(gu[r * 2 * HALF + HALF + j]);
+  y[i] = __float2bfloat16(g / (1.0f + expf(-g)) * u);
 "#;
 
 /// `silu(gu[..., :half]) · gu[..., half:]` for a row-contiguous `gu` whose
-/// last axis is `2 · half`.
+/// last axis is `2 · half` (the kernel for bf16 on CUDA, MLX's ops otherwise).
 pub(crate) fn swiglu(gu: &Array, half: i32) -> Result<Array> {
     let dtype = gu.dtype();
     let fused = crate::models::sdpa::on_cuda()
-        && matches!(dtype, Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32)
+        && dtype == Dtype::Bfloat16
         && gu.ndim() > 0
         && gu.dim(-1) == 2 * half
         && half > 0;
