@@ -112,14 +112,8 @@ fn round<F: FnMut(&str)>(
     let pos = target.offset();
     let cur = Array::from_slice(&[current], &[1])?;
     let proposal = draft.propose(current, &cur, target.committed(), depth, d.draft_sampling())?;
-    // Dispatch the draft now so the device runs it while the host builds the
-    // verify (profiled: wait for it, to time the draft alone).
-    if let Some(p) = &proposal {
-        if profile {
-            mlx_tensor::eval([&p.tokens])?;
-        } else {
-            mlx_tensor::async_eval([&p.tokens])?;
-        }
+    if profile && let Some(p) = &proposal {
+        mlx_tensor::eval([&p.tokens])?;
     }
     let t_draft = Instant::now();
     let Some(proposal) = proposal else {
@@ -144,11 +138,8 @@ fn round<F: FnMut(&str)>(
     let input = ops::concatenate(&[cur, proposal.tokens.clone()], 0)?;
     let verify = target.begin_verify(&input, k)?;
     let hidden = verify.hidden().clone();
-    // Likewise the verify forward, while the host builds the acceptance.
     if profile {
         hidden.eval()?;
-    } else {
-        hidden.async_eval()?;
     }
     let t_verify = Instant::now();
     let logits = model.unembed(&hidden)?;
