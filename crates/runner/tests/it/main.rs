@@ -25,6 +25,7 @@ mod loading;
 mod moe;
 mod moe_families;
 mod moe_model;
+mod moe_quant;
 mod mtp_layouts;
 mod parity;
 mod prefix_chat;
