@@ -16,6 +16,7 @@ mod drafters;
 mod families;
 mod formats;
 mod hybrid_chat;
+mod hybrid_draft;
 mod hybrid_forward;
 mod hybrid_parity;
 mod hybrid_prefix;
