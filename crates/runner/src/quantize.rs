@@ -103,8 +103,9 @@ pub(crate) fn is_mtp_module(path: &str, num_hidden_layers: usize) -> bool {
         || path.starts_with(&format!("model.layers.{num_hidden_layers}."))
 }
 
-/// Quantizes every linear and embedding matrix of the model in `src` into a
-/// new folder `dst`: `model.safetensors` (norms and other vectors unchanged),
+/// Quantizes every linear and embedding matrix and every MoE expert stack
+/// (see [`plan`]) of the model in `src` into a new folder `dst`:
+/// `model.safetensors` (norms and other vectors unchanged),
 /// `config.json` with the `quantization` block (and its `quantization_config`
 /// copy), the tokenizer and generation files, and a README.md saying how it
 /// was made. `dst` must not exist or be empty.
@@ -467,7 +468,8 @@ fn readme(src: &Path, opts: &QuantizeOptions, r: &QuantizeReport) -> String {
     format!(
         "# {name} ({bits}-bit)\n\n\
          Quantized by `mtp-runner quantize --bits {bits} --group-size {g}{flag}` from `{name}`: \
-         MLX affine quantization, {bits} bits, group size {g}, for {n} linear and embedding matrices; \
+         MLX affine quantization, {bits} bits, group size {g}, for {n} linear and embedding matrices \
+         and MoE expert stacks (MoE routers at 8 bits, group 64, as mlx-lm quantizes them); \
          norms are unchanged. {mtp}\n\n\
          The layout is mlx-lm's (`weight` uint32-packed, `scales`, `biases`; `quantization` in \
          config.json), so the folder loads in mtp-runner and in mlx-lm.\n",
