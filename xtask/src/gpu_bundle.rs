@@ -64,6 +64,7 @@ const ROOT_FILES: &[&str] = &[
     "models/tiny-mtp",
     "models/tiny-draft",
     "models/tiny-hybrid-mtp",
+    "models/tiny-moe-mtp",
     "xtask/assets/gpu-reference.json",
     "crates/runner/examples/mlx_lm_decode.py",
     "crates/runner/examples/mlx_lm_spec.py",
