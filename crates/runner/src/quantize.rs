@@ -331,7 +331,11 @@ fn plan(name: &str, a: Array, config: &ModelConfig, opts: &QuantizeOptions) -> R
         let check = |w: &Array| group_divides(name, w, params.group_size);
         if name.ends_with("down_proj") {
             check(&a)?;
-            return Ok(Plan::Pack(vec![(format!("{mlp}switch_mlp.down_proj"), a, params)]));
+            return Ok(Plan::Pack(vec![(
+                format!("{mlp}switch_mlp.down_proj"),
+                a,
+                params,
+            )]));
         }
         let i = a.dim(1) / 2;
         check(&a)?;

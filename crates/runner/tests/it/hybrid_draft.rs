@@ -14,8 +14,13 @@ use runner::{DepthPolicy, LoadOptions, LoadedModel, Session, load_draft};
 fn pair(target: &str, draft: &str) -> (LoadedModel, LoadedModel) {
     let target_dir = model_dir(target);
     let m = common::load(&target_dir);
-    let d = load_draft(&model_dir(draft), &target_dir, &m.tokenizer, LoadOptions::default())
-        .unwrap_or_else(|e| panic!("{draft} drafts for {target}: {e}"));
+    let d = load_draft(
+        &model_dir(draft),
+        &target_dir,
+        &m.tokenizer,
+        LoadOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{draft} drafts for {target}: {e}"));
     (m, d)
 }
 

@@ -84,7 +84,10 @@ fn every_expert_stack_is_packed_at_the_expected_size() {
         let q = quantized(bits);
         let t = tensors(q.path());
         let left: Vec<&String> = t.keys().filter(|n| n.contains(".experts.")).collect();
-        assert!(left.is_empty(), "q{bits}: expert tensors not packed: {left:?}");
+        assert!(
+            left.is_empty(),
+            "q{bits}: expert tensors not packed: {left:?}"
+        );
         let stacks: Vec<&String> = t
             .keys()
             .filter(|n| n.contains(".switch_mlp.") && n.ends_with(".weight"))
@@ -92,7 +95,11 @@ fn every_expert_stack_is_packed_at_the_expected_size() {
         assert_eq!(stacks.len(), 3 * MOE_LAYERS, "q{bits}: {stacks:?}");
         for name in stacks {
             let module = name.strip_suffix(".weight").unwrap();
-            let (out, input) = if module.ends_with("down_proj") { (H, I) } else { (I, H) };
+            let (out, input) = if module.ends_with("down_proj") {
+                (H, I)
+            } else {
+                (I, H)
+            };
             let w = &t[name];
             assert_eq!(w.dtype(), Dtype::Uint32, "{name}");
             assert_eq!(shape(w), [E, out, input * bits as usize / 32], "{name}");
@@ -117,10 +124,20 @@ fn every_expert_stack_is_packed_at_the_expected_size() {
         let st = q.path().join("model.safetensors");
         let file = std::fs::metadata(&st).unwrap().len() as usize;
         let data: usize = t.values().map(Array::nbytes).sum();
-        let source = std::fs::metadata(dir().join("model.safetensors")).unwrap().len();
+        let source = std::fs::metadata(dir().join("model.safetensors"))
+            .unwrap()
+            .len();
         eprintln!("q{bits}: file {file} B (data {data} B) from a {source} B bf16 source");
-        assert_eq!(data, expected_bytes(bits as usize), "q{bits}: packed data bytes");
-        assert!(file - data < 64 * 1024, "q{bits}: header of {} B", file - data);
+        assert_eq!(
+            data,
+            expected_bytes(bits as usize),
+            "q{bits}: packed data bytes"
+        );
+        assert!(
+            file - data < 64 * 1024,
+            "q{bits}: header of {} B",
+            file - data
+        );
     }
 }
 
@@ -186,7 +203,9 @@ fn every_expert_layout_quantizes_and_loads() {
     ];
     for (name, router_packed) in cases {
         let src = crate::formats::prepared(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/formats").join(name),
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/formats")
+                .join(name),
         );
         let q = tempfile::tempdir().unwrap();
         let o = QuantizeOptions {
@@ -198,14 +217,17 @@ fn every_expert_layout_quantizes_and_loads() {
         let t = tensors(q.path());
         let experts: Vec<&String> = t
             .keys()
-            .filter(|n| (n.contains(".experts.") || n.contains(".switch_mlp.")) && n.ends_with(".weight"))
+            .filter(|n| {
+                (n.contains(".experts.") || n.contains(".switch_mlp.")) && n.ends_with(".weight")
+            })
             .collect();
         assert!(!experts.is_empty(), "{name}: no expert tensors");
         for n in experts {
             assert_eq!(t[n].dtype(), Dtype::Uint32, "{name}: {n} not packed");
         }
         assert!(
-            !t.keys().any(|n| n.ends_with("experts.gate_up_proj") || n.ends_with("experts.down_proj")),
+            !t.keys()
+                .any(|n| n.ends_with("experts.gate_up_proj") || n.ends_with("experts.down_proj")),
             "{name}: a fused hub stack was copied"
         );
         let block = &read_config(q.path())["quantization"];
