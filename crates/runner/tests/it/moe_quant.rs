@@ -254,3 +254,42 @@ fn every_expert_layout_quantizes_and_loads() {
 fn read_config(dir: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap()
 }
+
+/// `--keep-mtp-precision` on the MoE model: the MTP layer's fused hub
+/// expert stacks stay bf16 under their hub names (the trunk's are packed
+/// `switch_mlp`), its other matrices are marked `false`, and the mixed
+/// folder loads and speculates losslessly (one prompt, every depth).
+#[test]
+fn keep_mtp_precision_leaves_the_moe_head_dense() {
+    let q = tempfile::tempdir().unwrap();
+    let o = QuantizeOptions {
+        bits: 4,
+        group_size: 64,
+        keep_mtp_precision: true,
+    };
+    let report = quantize_folder(&dir(), q.path(), &o).unwrap();
+    let t = tensors(q.path());
+    for name in [
+        "mtp.layers.0.mlp.experts.gate_up_proj",
+        "mtp.layers.0.mlp.experts.down_proj",
+    ] {
+        assert_eq!(t[name].dtype(), Dtype::Bfloat16, "{name}");
+        assert!(
+            report.kept.iter().any(|k| k == name),
+            "{name} not reported kept"
+        );
+    }
+    assert!(
+        !t.keys()
+            .any(|n| n.starts_with("mtp.") && n.contains("switch_mlp"))
+    );
+    let w = &t["model.language_model.layers.0.mlp.switch_mlp.down_proj.weight"];
+    assert_eq!(w.dtype(), Dtype::Uint32);
+    assert_eq!(read_config(q.path())["quantization"]["mtp.fc"], false);
+    let m = common::load(q.path());
+    let prompts = heldout_prompts(&m);
+    let (totals, _) = sweep(&m, &prompts[..1], 32);
+    for (depth, t) in depths().into_iter().zip(totals) {
+        assert!(t.accepted > 0, "{depth:?}: {t:?}");
+    }
+}
