@@ -51,7 +51,7 @@ const SUITES: &[Suite] = &[
     },
     Suite {
         name: "spec",
-        about: "plain vs speculative decoding (MTP per depth, draft model, n-gram; q8/q4 rows) on models/tiny-mtp, and mlx-lm draft-model speculation in the same run",
+        about: "plain vs speculative decoding (MTP per depth, draft model, n-gram; q8/q4 rows) on models/tiny-mtp, MTP rows on tiny-hybrid-mtp and tiny-moe-mtp (dense and q4), and mlx-lm draft-model speculation in the same run",
         run: spec,
         cargo_only: false,
         opt_in: false,
@@ -429,35 +429,18 @@ fn median_field(rows: &[Value], field: &str) -> Option<f64> {
 }
 
 /// Plain vs MTP rows for the bundled model quantized to 8 and 4 bits (group
-/// 64), written once under `target/bench/` by `mtp-runner quantize`, and for
-/// the bundled hybrid (Qwen3.5, Gated DeltaNet) model; each row gains
-/// `"model"` (and `"bits"` when quantized).
+/// 64), written once under `target/bench/` by `mtp-runner quantize`, for
+/// the bundled hybrid (Qwen3.5, Gated DeltaNet) model, and for the bundled
+/// MoE model (Qwen3.5-MoE) dense and at 4 bits (its expert stacks packed);
+/// each row gains `"model"` (and `"bits"` when quantized).
 fn quantized_rows(args: &[String]) -> Result<Vec<Value>> {
     let mut rows = Vec::new();
     for bits in [8, 4] {
-        let dir = cmd::root().join(format!("target/bench/tiny-mtp-q{bits}"));
-        if !dir.join("config.json").is_file() {
-            let _ = std::fs::remove_dir_all(&dir);
-            let q: Vec<String> = vec![
-                "quantize".into(),
-                "--model".into(),
-                cmd::root().join(BUNDLED).display().to_string(),
-                "--out".into(),
-                dir.display().to_string(),
-                "--bits".into(),
-                bits.to_string(),
-                "--group-size".into(),
-                "64".into(),
-            ];
-            cmd::run(
-                &format!("quantize q{bits}"),
-                &mut bins::command(MTP_RUNNER, &q)?,
-            )?;
-        }
         let name = format!("tiny-mtp-q{bits}");
+        let dir = quantized_copy(BUNDLED, &name, bits);
         rows.extend(or_error_row(
             &name,
-            model_rows(args, &dir, &name, "auto,3", Some(bits)),
+            dir.and_then(|d| model_rows(args, &d, &name, "auto,3", Some(bits))),
         ));
     }
     let hybrid = cmd::root().join(HYBRID);
@@ -465,7 +448,43 @@ fn quantized_rows(args: &[String]) -> Result<Vec<Value>> {
         "tiny-hybrid-mtp",
         model_rows(args, &hybrid, "tiny-hybrid-mtp", "auto,1,2,3,4", None),
     ));
+    let moe = cmd::root().join(MOE);
+    rows.extend(or_error_row(
+        "tiny-moe-mtp",
+        model_rows(args, &moe, "tiny-moe-mtp", "auto,1,2,3,4", None),
+    ));
+    let name = "tiny-moe-mtp-q4";
+    let dir = quantized_copy(MOE, name, 4);
+    rows.extend(or_error_row(
+        name,
+        dir.and_then(|d| model_rows(args, &d, name, "auto,3", Some(4))),
+    ));
     Ok(rows)
+}
+
+/// `target/bench/{name}`: the model at `src` quantized to `bits` (group 64)
+/// by `mtp-runner quantize`, written once and reused by later runs.
+fn quantized_copy(src: &str, name: &str, bits: u32) -> Result<PathBuf> {
+    let dir = cmd::root().join("target/bench").join(name);
+    if !dir.join("config.json").is_file() {
+        let _ = std::fs::remove_dir_all(&dir);
+        let q: Vec<String> = vec![
+            "quantize".into(),
+            "--model".into(),
+            cmd::root().join(src).display().to_string(),
+            "--out".into(),
+            dir.display().to_string(),
+            "--bits".into(),
+            bits.to_string(),
+            "--group-size".into(),
+            "64".into(),
+        ];
+        cmd::run(
+            &format!("quantize {name}"),
+            &mut bins::command(MTP_RUNNER, &q)?,
+        )?;
+    }
+    Ok(dir)
 }
 
 /// The rows, or one error row naming the model: one model's failure (say a
@@ -479,6 +498,9 @@ fn or_error_row(model: &str, rows: Result<Vec<Value>>) -> Vec<Value> {
 
 /// The bundled hybrid model (Qwen3.5 layout: Gated DeltaNet + gated attention + MTP).
 const HYBRID: &str = "models/tiny-hybrid-mtp";
+
+/// The bundled MoE model (Qwen3.5-MoE: the hybrid trunk, 8 experts, top-2, a shared expert, MTP).
+const MOE: &str = "models/tiny-moe-mtp";
 
 /// `spec-bench` plain vs MTP rows on `dir` at `depths`, keeping the caller's
 /// other flags; each row gains `"model"` (and `"bits"`).

@@ -128,7 +128,10 @@ pub(crate) fn render_into(rows: &[Value], dir: &Path) -> Result<String> {
          device, date, commit and the command to rerun it). GPU rows come from the H200 through \
          `cargo xtask gpu-bundle` and `cargo xtask bench --merge results-gpu.json` ([docs/gpu.md](../gpu.md)). \
          Model: `models/tiny-mtp` (26.7 M parameters, Qwen3 + 1 MTP layer), f32 compute, greedy, 128 tokens, \
-         prompt \"Once upon a time\"; draft model `models/tiny-draft`. Speculation is lossless: every \
+         prompt \"Once upon a time\"; draft model `models/tiny-draft`. The spec table adds MTP rows on \
+         `tiny-mtp` quantized to q8/q4, on `models/tiny-hybrid-mtp` (Qwen3.5: Gated DeltaNet + gated \
+         attention) and on `models/tiny-moe-mtp` (Qwen3.5-MoE, 8.2 M parameters, 8 experts top-2), dense \
+         and quantized to q4 by `mtp-runner quantize`. Speculation is lossless: every \
          speculative row emits the plain row's tokens (`cargo xtask gpu-check` enforces it on a GPU). \
          Each section's caption gives the load average: rows taken on a busy shared machine differ run to run \
          by up to 2-3×, so compare rows of one section, not single cells. In the floor table a ratio below 1 \

@@ -103,8 +103,9 @@ pub(crate) fn is_mtp_module(path: &str, num_hidden_layers: usize) -> bool {
         || path.starts_with(&format!("model.layers.{num_hidden_layers}."))
 }
 
-/// Quantizes every linear and embedding matrix of the model in `src` into a
-/// new folder `dst`: `model.safetensors` (norms and other vectors unchanged),
+/// Quantizes every linear and embedding matrix and every MoE expert stack
+/// (see [`plan`]) of the model in `src` into a new folder `dst`:
+/// `model.safetensors` (norms and other vectors unchanged),
 /// `config.json` with the `quantization` block (and its `quantization_config`
 /// copy), the tokenizer and generation files, and a README.md saying how it
 /// was made. `dst` must not exist or be empty.
@@ -203,46 +204,29 @@ pub fn quantize_folder_cancellable(
                     dtype: a.dtype().safetensors_name().to_owned(),
                 });
             }
-            let module = name
-                .strip_suffix(".weight")
-                .filter(|_| a.ndim() == 2)
-                .map(str::to_owned);
-            let Some(module) = module else {
-                out.push((name, a));
-                continue;
-            };
-            let module = module.as_str();
-            if config.tie_word_embeddings && module == "lm_head" {
-                // mlx-lm drops the redundant copy of a tied head; so do we.
-                continue;
+            match plan(&name, a, &config, opts)? {
+                Plan::Copy(a) => out.push((name, a)),
+                Plan::Drop => {}
+                Plan::Keep(a) => {
+                    let module = name.strip_suffix(".weight").map(str::to_owned);
+                    // A fused hub expert tensor has no module path to mark;
+                    // its loader reads it dense whatever the block says.
+                    if let Some(m) = &module {
+                        quant.overrides.insert(m.clone(), None);
+                    }
+                    report.kept.push(module.unwrap_or_else(|| name.clone()));
+                    out.push((name, a));
+                }
+                Plan::Pack(parts) => {
+                    for (module, w, params) in parts {
+                        if params != opts.params() {
+                            quant.overrides.insert(module.clone(), Some(params));
+                        }
+                        out.extend(pack(&module, &w, params)?);
+                        report.quantized.push(module);
+                    }
+                }
             }
-            if opts.keep_mtp_precision && is_mtp_module(module, config.num_hidden_layers) {
-                quant.overrides.insert(module.to_owned(), None);
-                report.kept.push(module.to_owned());
-                out.push((name, a));
-                continue;
-            }
-            let input = a.dim(1) as usize;
-            if !input.is_multiple_of(opts.group_size as usize) {
-                return Err(Error::InvalidOption {
-                    option: "--group-size",
-                    message: format!(
-                        "`{name}` has {input} inputs, not a multiple of {}; pick a group size that divides it",
-                        opts.group_size
-                    ),
-                });
-            }
-            let source = a.dtype();
-            let q = QuantizedTensor::quantize(&a.as_type(Dtype::Float32)?, opts.params())?;
-            let (scales, biases) = (q.scales.as_type(source)?, q.biases.as_type(source)?);
-            // Evaluated here, one matrix at a time, so the work is spread
-            // between the cancel checks instead of all happening in the save.
-            mlx_tensor::eval(&[q.weight.clone(), scales.clone(), biases.clone()])?;
-            // Scales and biases in the source dtype, as mlx-lm stores them.
-            out.push((name, q.weight));
-            out.push((format!("{module}.scales"), scales));
-            out.push((format!("{module}.biases"), biases));
-            report.quantized.push(module.to_owned());
         }
     }
     report.quantized.sort();
@@ -288,6 +272,129 @@ pub fn quantize_folder_cancellable(
         "quantized checkpoint written"
     );
     Ok(report)
+}
+
+/// What the writer does with one source tensor.
+enum Plan {
+    /// Written as stored: norms, biases, convolutions, other vectors.
+    Copy(Array),
+    /// Left out: the redundant `lm_head` of a tied model (mlx-lm drops it too).
+    Drop,
+    /// An MTP head matrix kept in the source dtype (`--keep-mtp-precision`).
+    Keep(Array),
+    /// Matrices (or `[E, out, in]` expert stacks) to pack: module path, the
+    /// dense tensor, its parameters. One fused hub `gate_up_proj` gives two.
+    Pack(Vec<(String, Array, QuantParams)>),
+}
+
+/// mlx-lm's Qwen MoE predicate (`quant_predicate` of qwen3_moe, qwen3_next,
+/// qwen3_5): the router and the shared-expert gate are quantized at 8 bits
+/// in groups of 64 whatever the model's bits, since a 4-bit router flips
+/// expert choices. GLM-4-MoE's router is not a linear in mlx-lm (it is
+/// never quantized there), so it is kept dense.
+fn router_params(module: &str, model_type: &str) -> Option<Option<QuantParams>> {
+    if !(module.ends_with("mlp.gate") || module.ends_with("shared_expert_gate")) {
+        return None;
+    }
+    Some((model_type != "glm4_moe").then_some(QuantParams {
+        group_size: 64,
+        bits: 8,
+    }))
+}
+
+/// Chooses what happens to tensor `name`.
+///
+/// Expert stacks are written in mlx-lm's `switch_mlp` layout (what
+/// mlx-community ships, and what both our loader and mlx-lm read quantized):
+/// the hub's fused `experts.gate_up_proj` `[E, 2I, H]` is split into
+/// `switch_mlp.gate_proj` and `switch_mlp.up_proj` `[E, I, H]`, and
+/// `experts.down_proj` becomes `switch_mlp.down_proj`; each expert is
+/// quantized along its input axis (MLX's `quantize` packs the last axis of
+/// any leading batch).
+fn plan(name: &str, a: Array, config: &ModelConfig, opts: &QuantizeOptions) -> Result<Plan> {
+    let fused = name
+        .strip_suffix("experts.gate_up_proj")
+        .or_else(|| name.strip_suffix("experts.down_proj"))
+        .filter(|_| a.ndim() == 3);
+    let module = match fused {
+        Some(_) => None,
+        None => name
+            .strip_suffix(".weight")
+            .filter(|m| a.ndim() == 2 || (a.ndim() == 3 && m.contains(".switch_mlp."))),
+    };
+    let mtp = |m: &str| opts.keep_mtp_precision && is_mtp_module(m, config.num_hidden_layers);
+    let params = opts.params();
+    if let Some(mlp) = fused {
+        if mtp(name) {
+            return Ok(Plan::Keep(a));
+        }
+        let check = |w: &Array| group_divides(name, w, params.group_size);
+        if name.ends_with("down_proj") {
+            check(&a)?;
+            return Ok(Plan::Pack(vec![(
+                format!("{mlp}switch_mlp.down_proj"),
+                a,
+                params,
+            )]));
+        }
+        let i = a.dim(1) / 2;
+        check(&a)?;
+        let (gate, up) = (a.slice_axis(1, 0, i)?, a.slice_axis(1, i, 2 * i)?);
+        return Ok(Plan::Pack(vec![
+            (format!("{mlp}switch_mlp.gate_proj"), gate, params),
+            (format!("{mlp}switch_mlp.up_proj"), up, params),
+        ]));
+    }
+    let Some(module) = module else {
+        return Ok(Plan::Copy(a));
+    };
+    if config.tie_word_embeddings && module == "lm_head" {
+        return Ok(Plan::Drop);
+    }
+    if mtp(module) {
+        return Ok(Plan::Keep(a));
+    }
+    let params = match router_params(module, &config.model_type) {
+        // A router whose width 64 does not divide stays dense, as in mlx-lm.
+        Some(Some(p)) if (a.dim(-1) as usize).is_multiple_of(p.group_size as usize) => p,
+        Some(_) => return Ok(Plan::Keep(a)),
+        None => {
+            group_divides(name, &a, params.group_size)?;
+            params
+        }
+    };
+    Ok(Plan::Pack(vec![(module.to_owned(), a, params)]))
+}
+
+/// Errs unless `group` divides the input (last) axis of `w`, stored as `name`.
+fn group_divides(name: &str, w: &Array, group: u32) -> Result<()> {
+    let input = w.dim(-1) as usize;
+    if input.is_multiple_of(group as usize) {
+        return Ok(());
+    }
+    Err(Error::InvalidOption {
+        option: "--group-size",
+        message: format!(
+            "`{name}` has {input} inputs, not a multiple of {group}; pick a group size that divides it"
+        ),
+    })
+}
+
+/// Quantizes `w` (`[out, in]` or `[E, out, in]`) as module `module`: the
+/// packed `weight`, and `scales` and `biases` in the source dtype, as mlx-lm
+/// stores them.
+fn pack(module: &str, w: &Array, params: QuantParams) -> Result<[(String, Array); 3]> {
+    let source = w.dtype();
+    let q = QuantizedTensor::quantize(&w.as_type(Dtype::Float32)?, params)?;
+    let (scales, biases) = (q.scales.as_type(source)?, q.biases.as_type(source)?);
+    // Evaluated here, one matrix at a time, so the work is spread between
+    // the cancel checks instead of all happening in the save.
+    mlx_tensor::eval(&[q.weight.clone(), scales.clone(), biases.clone()])?;
+    Ok([
+        (format!("{module}.weight"), q.weight),
+        (format!("{module}.scales"), scales),
+        (format!("{module}.biases"), biases),
+    ])
 }
 
 /// Opens `path` and reads one byte, so an unreadable file (permissions, an
@@ -365,7 +472,8 @@ fn readme(src: &Path, opts: &QuantizeOptions, r: &QuantizeReport) -> String {
     format!(
         "# {name} ({bits}-bit)\n\n\
          Quantized by `mtp-runner quantize --bits {bits} --group-size {g}{flag}` from `{name}`: \
-         MLX affine quantization, {bits} bits, group size {g}, for {n} linear and embedding matrices; \
+         MLX affine quantization, {bits} bits, group size {g}, for {n} linear and embedding matrices \
+         and MoE expert stacks (MoE routers at 8 bits, group 64, as mlx-lm quantizes them); \
          norms are unchanged. {mtp}\n\n\
          The layout is mlx-lm's (`weight` uint32-packed, `scales`, `biases`; `quantization` in \
          config.json), so the folder loads in mtp-runner and in mlx-lm.\n",

@@ -8,10 +8,16 @@
 //! options use penalties). The entries a proposal writes past the committed
 //! tokens are its speculative tail: the report of the verified round keeps
 //! the accepted part and rewinds the rest.
+//!
+//! A draft model with recurrent layers (Gated DeltaNet, as Qwen3.5 and
+//! Qwen3-Next) folds every token into its state and cannot rewind by moving
+//! an offset: a proposal schedules a snapshot at every offset the tail may
+//! rewind to (the committed prefix, then one per draft but the last), as the
+//! target does for its verify, and the round's report restores from them.
 
 use std::path::Path;
 
-use kvcache::{Cache, restore_all};
+use kvcache::{Cache, Snapshot, restore_all, schedule_all};
 use mlx_tensor::{Array, Dtype, ops};
 use mtp_draft::{DraftChain, DraftSampling, Proposal};
 
@@ -38,6 +44,10 @@ pub(crate) struct ModelDrafter<'m> {
     /// Entries past `cached.len()` written by the last proposal (its current
     /// token and all drafts but the last); 0 when none is outstanding.
     tail: usize,
+    /// The last proposal's captures, one list per cache, at every offset
+    /// its tail can rewind to; empty when every cache rewinds by offset or
+    /// no proposal is outstanding.
+    snaps: Vec<Vec<(usize, Snapshot)>>,
 }
 
 impl std::fmt::Debug for ModelDrafter<'_> {
@@ -66,6 +76,7 @@ impl<'m> ModelDrafter<'m> {
             cached: Vec::new(),
             pending: Vec::new(),
             tail: 0,
+            snaps: Vec::new(),
         }
     }
 
@@ -91,8 +102,10 @@ impl<'m> ModelDrafter<'m> {
             .take_while(|(a, b)| a == b)
             .count();
         let keep = common.min(self.cached.len());
+        self.drain_schedule();
+        let snaps = std::mem::take(&mut self.snaps);
         let rewound =
-            self.cache_offset() == keep || restore_all(&mut self.caches, keep, &[]).is_ok();
+            self.cache_offset() == keep || restore_all(&mut self.caches, keep, &snaps).is_ok();
         if rewound {
             self.cached.truncate(keep);
         } else {
@@ -118,8 +131,9 @@ impl<'m> ModelDrafter<'m> {
         // The tail holds the current token then the drafts; the accepted
         // drafts are exactly those, so its first entries are already right.
         let keep = self.tail.min(ids.len());
+        let snaps = std::mem::take(&mut self.snaps);
         if self.tail > keep {
-            restore_all(&mut self.caches, self.cached.len() + keep, &[])?;
+            restore_all(&mut self.caches, self.cached.len() + keep, &snaps)?;
         }
         self.tail = 0;
         self.cached.extend_from_slice(&ids[..keep]);
@@ -146,6 +160,7 @@ impl<'m> ModelDrafter<'m> {
             return Ok(None);
         }
         assert_eq!(self.tail, 0, "a proposal is still outstanding");
+        self.drain_schedule();
         let mut input = std::mem::take(&mut self.pending);
         input.push(current);
         let (catch_up, last) = input.split_at(input.len().saturating_sub(CATCH_UP_CHUNK));
@@ -154,6 +169,14 @@ impl<'m> ModelDrafter<'m> {
             self.model.forward(&ids, &mut self.caches)?;
             let state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
             mlx_tensor::eval(&state)?;
+        }
+        // The tail rewinds to the committed prefix `c` plus the accepted
+        // drafts: offsets `c ..= c + max_tokens - 1`.
+        let c = self.cache_offset() + last.len() - 1;
+        let scheduled = !self.caches.iter().all(|c| c.rewinds_by_offset());
+        if scheduled {
+            let offsets: Vec<usize> = (c..c + max_tokens).collect();
+            schedule_all(&mut self.caches, &offsets);
         }
         let ids = Array::from_slice(last, &[last.len() as i32])?;
         let hidden = self.model.forward(&ids, &mut self.caches)?;
@@ -170,7 +193,18 @@ impl<'m> ModelDrafter<'m> {
                 self.tail += 1;
             }
         }
+        if scheduled {
+            self.snaps = self.caches.iter_mut().map(|c| c.take_scheduled()).collect();
+        }
         Ok(Some(chain.finish()?))
+    }
+
+    /// Drops the captures a failed proposal left scheduled, so the next
+    /// schedule starts clean (the caches are then rewound or replaced).
+    fn drain_schedule(&mut self) {
+        for c in &mut self.caches {
+            drop(c.take_scheduled());
+        }
     }
 
     /// Logits `[1, V_draft]` as `[1, V_target]`: extra rows dropped, missing

@@ -15,13 +15,13 @@ use runner::{
 };
 use runner::{NgramOptions, load_draft};
 
-fn model_dir(name: &str) -> PathBuf {
+pub(crate) fn model_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../models")
         .join(name)
 }
 
-fn greedy(max_tokens: usize, depth: DepthPolicy) -> GenerateOptions {
+pub(crate) fn greedy(max_tokens: usize, depth: DepthPolicy) -> GenerateOptions {
     GenerateOptions {
         max_tokens,
         sampling: SamplingOptions::greedy(),
@@ -32,7 +32,7 @@ fn greedy(max_tokens: usize, depth: DepthPolicy) -> GenerateOptions {
 
 /// Prompts of the tiny models' training domain; the repeated ones give prompt
 /// lookup something to find.
-const PROMPTS: &[&str] = &[
+pub(crate) const PROMPTS: &[&str] = &[
     "Once upon a time, there was a little girl named Lily.",
     "The cat sat on the mat. The dog sat on the rug. The cat sat on the",
     "Tom and Sam went to the park. Tom and Sam played with a ball. Tom and Sam",
@@ -53,14 +53,14 @@ fn tiny_target_and_draft() -> (LoadedModel, LoadedModel) {
     (m, draft)
 }
 
-fn prompt_ids(m: &LoadedModel, text: &str) -> Vec<u32> {
+pub(crate) fn prompt_ids(m: &LoadedModel, text: &str) -> Vec<u32> {
     // Documents start after `<|endoftext|>` (id 0), as in training.
     let mut ids = vec![0];
     ids.extend(m.tokenizer.encode(text, false).expect("prompt encodes"));
     ids
 }
 
-fn generate(
+pub(crate) fn generate(
     s: &mut Session<'_>,
     m: &LoadedModel,
     prompt: &[u32],
@@ -74,7 +74,7 @@ fn generate(
 /// Runs every prompt through a fresh session from `make` at each depth and
 /// checks the ids equal plain greedy decoding; returns the summed speculation
 /// figures (drafted, accepted).
-fn check_parity<'m>(
+pub(crate) fn check_parity<'m>(
     m: &'m LoadedModel,
     method: &str,
     make: &dyn Fn() -> Session<'m>,
@@ -105,7 +105,7 @@ fn check_parity<'m>(
     (drafted, accepted)
 }
 
-const DEPTHS: [DepthPolicy; 4] = [
+pub(crate) const DEPTHS: [DepthPolicy; 4] = [
     DepthPolicy::Fixed(1),
     DepthPolicy::Fixed(3),
     DepthPolicy::Fixed(6),

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use common::parity::{depths, sweep};
 use mlx_tensor::{Array, Dtype, memory};
-use runner::{GenerateOptions, SamplingOptions, Session};
+use runner::{GenerateOptions, LoadOptions, SamplingOptions, Session};
 use serde_json::{Value, json};
 
 fn folder(name: &str) -> PathBuf {
@@ -185,14 +185,43 @@ fn q4_moe_peak_memory_is_its_bytes_within_ten_percent() {
     );
 }
 
+fn q4_moe_peak_memory_alone() {
+    let dir = widened_q4();
+    let label = format!("q4 MoE ({WIDE_EXPERTS} experts)");
+    peak_memory_is_its_bytes(&label, dir.path(), LoadOptions::default());
+}
+
+#[test]
+fn q4_trained_moe_peak_memory_is_its_bytes_within_ten_percent() {
+    common::own_process(
+        "moe::q4_trained_moe_peak_memory_is_its_bytes_within_ten_percent",
+        q4_trained_moe_peak_memory_alone,
+    );
+}
+
+/// The same bound on `models/tiny-moe-mtp` as `mtp-runner quantize` writes
+/// it at 4 bits (fused hub experts packed into `switch_mlp`), loaded in
+/// bf16, its stored dtype (in f32 its scales, biases and norms double:
+/// measured 5.2 MB held from a 4.7 MB file).
+fn q4_trained_moe_peak_memory_alone() {
+    let q = tempfile::tempdir().unwrap();
+    let o = runner::QuantizeOptions::default();
+    assert_eq!((o.bits, o.group_size), (4, 64));
+    runner::quantize_folder(&crate::moe_model::dir(), q.path(), &o).unwrap();
+    let bf16 = LoadOptions {
+        dtype: Dtype::Bfloat16,
+        ..LoadOptions::default()
+    };
+    peak_memory_is_its_bytes("q4 tiny-moe-mtp (bf16)", q.path(), bf16);
+}
+
 /// Peak MLX memory over load and a 64-token generation is at most 10% above
 /// what the model and the session hold at the end (weights + caches, by
 /// MLX's active-memory counter); and the weights held are within 10% of the
 /// 4-bit file's bytes, which fails if any expert stack were dequantized (f32
 /// experts would be about 6x as large).
-fn q4_moe_peak_memory_alone() {
-    let dir = widened_q4();
-    let file_bytes: u64 = std::fs::read_dir(dir.path())
+fn peak_memory_is_its_bytes(label: &str, dir: &Path, load: LoadOptions) {
+    let file_bytes: u64 = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
@@ -200,7 +229,7 @@ fn q4_moe_peak_memory_alone() {
         .sum();
     let before = memory::active();
     memory::reset_peak();
-    let m = common::load(dir.path());
+    let m = runner::load(dir, load, |_, _| {}).unwrap();
     let load_peak = memory::peak();
     let weights = memory::active() - before;
     let opts = GenerateOptions {
@@ -218,7 +247,7 @@ fn q4_moe_peak_memory_alone() {
         .max(g.stats.peak_memory_bytes)
         .saturating_sub(before);
     eprintln!(
-        "q4 MoE ({WIDE_EXPERTS} experts): file {file_bytes} B, weights {weights} B, weights + \
+        "{label}: file {file_bytes} B, weights {weights} B, weights + \
          caches {held} B, peak {peak} B (load {load_peak} B), {} tokens",
         g.token_ids.len()
     );
