@@ -1,10 +1,12 @@
 //! Host cost of dispatching MLX work from Rust: a chain of `n` elementwise
 //! adds on a `[1, 4096]` array, timed as graph build, `async_eval` (MLX
 //! encodes and launches the kernels) and the wait, per node. Compared with
-//! the same chain built from Python (`.gpu/extra/dispatch_probe.py`) it says
+//! the same chain built from Python (`examples/dispatch_probe.py`, run with MLX's Python package) it says
 //! whether a step's dispatch cost is the graph's or the binding's.
 //!
 //! `cargo run --release -p mlx-tensor --example dispatch-probe -- [n] [rounds]`
+// A measurement tool: its result is one JSON line on stdout.
+#![allow(clippy::print_stdout)]
 use std::time::Instant;
 
 use mlx_tensor::{Array, Dtype, ops};

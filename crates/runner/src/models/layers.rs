@@ -194,7 +194,9 @@ impl Linear {
             .collect();
         let Some(q) = q else { return Ok(None) };
         let params = q[0].params;
-        if q.iter().any(|t| t.params != params || t.scales.dtype() != q[0].scales.dtype()) {
+        if q.iter()
+            .any(|t| t.params != params || t.scales.dtype() != q[0].scales.dtype())
+        {
             return Ok(None);
         }
         let cat = |f: fn(&QuantizedTensor) -> &Array| -> Result<Array> {

@@ -247,11 +247,7 @@ struct Attention {
 impl Attention {
     fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
         let c = &self.core;
-        let [q, k, v]: [Array; 3] = self
-            .qkv
-            .forward(x)?
-            .try_into()
-            .expect("three projections");
+        let [q, k, v]: [Array; 3] = self.qkv.forward(x)?.try_into().expect("three projections");
         let q = c.split(&q, c.heads)?;
         let k = c.split(&k, c.kv_heads)?;
         let v = c.split(&v, c.kv_heads)?;

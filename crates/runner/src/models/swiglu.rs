@@ -49,7 +49,11 @@ pub(crate) fn swiglu(gu: &Array, half: i32) -> Result<Array> {
     *shape.last_mut().expect("rank ≥ 1") = half;
     let total: i32 = shape.iter().product();
     // The largest power-of-two block (≤ 256) dividing `half` divides the total.
-    let block = (0..=8).rev().map(|p| 1 << p).find(|b| half % b == 0).unwrap_or(1);
+    let block = (0..=8)
+        .rev()
+        .map(|p| 1 << p)
+        .find(|b| half % b == 0)
+        .unwrap_or(1);
     let launch = CudaLaunch {
         shape: &shape,
         dtype,
