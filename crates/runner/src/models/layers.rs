@@ -539,6 +539,7 @@ pub(crate) fn pre_norm_block(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::QuantParams;
     use mlx_tensor::{Dtype, random};
 
     /// Max |chunked - one matmul| over `x` `[rows, input]` through a `[out, input]`
@@ -585,5 +586,82 @@ mod tests {
         check(1200, 2000, 1, 3);
         // Small weights stay whole.
         check(512, 512, 1, 0);
+    }
+
+    fn rand(shape: &[i32], seed: u64) -> Array {
+        random::normal(shape, Dtype::Float32, &random::key(seed).unwrap()).unwrap()
+    }
+
+    fn max_abs_diff(a: &Array, b: &Array) -> f32 {
+        let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    }
+
+    /// The stacked layer's split outputs equal each part applied alone, for
+    /// dense parts in both layouts (with biases) and for quantized parts, on
+    /// one row and on several; parts that cannot share a kernel stay apart.
+    #[test]
+    fn fused_parts_equal_the_parts_alone() {
+        let x1 = rand(&[1, 1, 64], 1);
+        let x3 = rand(&[1, 3, 64], 2);
+        let widths = [96, 32, 32];
+        let dense = |layout, bias: bool| -> Vec<Linear> {
+            widths
+                .iter()
+                .enumerate()
+                .map(|(i, &w)| {
+                    let b = bias.then(|| rand(&[w], 20 + i as u64));
+                    Linear::from_weight(&rand(&[w, 64], 10 + i as u64), b, layout).unwrap()
+                })
+                .collect()
+        };
+        let params = QuantParams {
+            group_size: 32,
+            bits: 4,
+        };
+        let quantized: Vec<Linear> = widths
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| {
+                let q = QuantizedTensor::quantize(&rand(&[w, 64], 30 + i as u64), params).unwrap();
+                Linear::from_quantized(q, None)
+            })
+            .collect();
+        let cases = [
+            ("view+bias", dense(LinearLayout::TransposedView, true)),
+            ("pre", dense(LinearLayout::PreTransposed, false)),
+            ("q4", quantized),
+        ];
+        for (name, parts) in cases {
+            let fused = FusedLinear::new(parts.clone(), widths.to_vec()).unwrap();
+            assert!(
+                matches!(fused, FusedLinear::Joint { .. }),
+                "{name}: stacked"
+            );
+            for x in [&x1, &x3] {
+                let got = fused.forward(x).unwrap();
+                for (p, g) in parts.iter().zip(&got) {
+                    let d = max_abs_diff(&p.forward(x).unwrap(), g);
+                    assert!(d < 1e-4, "{name}: part differs by {d}");
+                }
+            }
+        }
+        // A bias on one part only, or dense mixed with quantized: kept apart.
+        let mut mixed = dense(LinearLayout::TransposedView, false);
+        mixed[1] = dense(LinearLayout::TransposedView, true).remove(1);
+        let f = FusedLinear::new(mixed, widths.to_vec()).unwrap();
+        assert!(matches!(f, FusedLinear::Separate(_)), "bias on some parts");
+        let q = QuantizedTensor::quantize(&rand(&[32, 64], 40), params).unwrap();
+        let mut kinds = dense(LinearLayout::TransposedView, false);
+        kinds[2] = Linear::from_quantized(q, None);
+        let f = FusedLinear::new(kinds, widths.to_vec()).unwrap();
+        assert!(
+            matches!(f, FusedLinear::Separate(_)),
+            "dense with quantized"
+        );
     }
 }
