@@ -50,6 +50,7 @@ struct Summary<'a> {
     group_size: u32,
     keep_mtp_precision: bool,
     quantized: usize,
+    other_precision: &'a [(String, u32, u32)],
     kept: &'a [String],
     copied: &'a [String],
     source_bytes: u64,
@@ -78,6 +79,7 @@ pub(crate) fn run(a: QuantizeArgs) -> Result<u8> {
             group_size: a.group_size,
             keep_mtp_precision: a.keep_mtp_precision,
             quantized: r.quantized.len(),
+            other_precision: &r.other_precision,
             kept: &r.kept,
             copied: &r.copied,
             source_bytes: r.source_bytes,
@@ -87,9 +89,18 @@ pub(crate) fn run(a: QuantizeArgs) -> Result<u8> {
         writeln!(out)?;
     } else {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        // Modules packed otherwise (MoE routers), counted per (bits, group).
+        let mut other = std::collections::BTreeMap::<(u32, u32), usize>::new();
+        for (_, b, g) in &r.other_precision {
+            *other.entry((*b, *g)).or_default() += 1;
+        }
+        let other: String = other
+            .iter()
+            .map(|((b, g), n)| format!("; {n} of them at {b} bits, group {g}"))
+            .collect();
         writeln!(
             out,
-            "wrote {}: {} matrices at {} bits (group {}), {} kept unquantized; {:.1} MiB → {:.1} MiB",
+            "wrote {}: {} matrices at {} bits (group {}{other}), {} kept unquantized; {:.1} MiB → {:.1} MiB",
             a.out.display(),
             r.quantized.len(),
             a.bits,

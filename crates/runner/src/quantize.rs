@@ -81,6 +81,9 @@ impl QuantizeOptions {
 pub struct QuantizeReport {
     /// Modules stored quantized (module paths, sorted).
     pub quantized: Vec<String>,
+    /// The quantized modules packed with other parameters than asked (MoE
+    /// routers: 8 bits, group 64), as `(module, bits, group size)`, sorted.
+    pub other_precision: Vec<(String, u32, u32)>,
     /// Matrices kept in the source dtype (module paths, sorted).
     pub kept: Vec<String>,
     /// Files copied from the source folder.
@@ -183,6 +186,7 @@ pub fn quantize_folder_cancellable(
     let mut out: Vec<(String, Array)> = Vec::new();
     let mut report = QuantizeReport {
         quantized: Vec::new(),
+        other_precision: Vec::new(),
         kept: Vec::new(),
         copied: Vec::new(),
         skipped: 0,
@@ -221,6 +225,8 @@ pub fn quantize_folder_cancellable(
                     for (module, w, params) in parts {
                         if params != opts.params() {
                             quant.overrides.insert(module.clone(), Some(params));
+                            let (b, g) = (params.bits, params.group_size);
+                            report.other_precision.push((module.clone(), b, g));
                         }
                         out.extend(pack(&module, &w, params)?);
                         report.quantized.push(module);
@@ -230,6 +236,7 @@ pub fn quantize_folder_cancellable(
         }
     }
     report.quantized.sort();
+    report.other_precision.sort();
     report.kept.sort();
     if cancel.load(Ordering::Relaxed) {
         return Err(interrupted());

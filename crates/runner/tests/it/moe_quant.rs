@@ -268,6 +268,15 @@ fn keep_mtp_precision_leaves_the_moe_head_dense() {
         keep_mtp_precision: true,
     };
     let report = quantize_folder(&dir(), q.path(), &o).unwrap();
+    // The routers are reported as packed at 8 bits, and only they.
+    assert!(!report.other_precision.is_empty());
+    for (m, bits, group) in &report.other_precision {
+        assert!(
+            is_router(&format!("{m}.weight")),
+            "{m} packed at {bits} bits"
+        );
+        assert_eq!((*bits, *group), (8, 64), "{m}");
+    }
     let t = tensors(q.path());
     for name in [
         "mtp.layers.0.mlp.experts.gate_up_proj",
