@@ -514,7 +514,7 @@ impl Mlp {
             }
             FusedLinear::Separate(_) => {
                 let gu = self.gate_up.forward(x)?;
-                gu[0].silu()?.multiply(&gu[1])?
+                crate::models::swiglu::silu_mul(&gu[0], &gu[1])?
             }
         };
         self.down.forward(&h)
@@ -539,6 +539,7 @@ pub(crate) fn pre_norm_block(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::models::test_arrays::{max_diff, rand};
     use crate::quant::QuantParams;
     use mlx_tensor::{Dtype, random};
 
@@ -588,19 +589,6 @@ mod tests {
         check(512, 512, 1, 0);
     }
 
-    fn rand(shape: &[i32], seed: u64) -> Array {
-        random::normal(shape, Dtype::Float32, &random::key(seed).unwrap()).unwrap()
-    }
-
-    fn max_abs_diff(a: &Array, b: &Array) -> f32 {
-        let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
-        assert_eq!(a.len(), b.len());
-        a.iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max)
-    }
-
     /// The stacked layer's split outputs equal each part applied alone, for
     /// dense parts in both layouts (with biases) and for quantized parts, on
     /// one row and on several; parts that cannot share a kernel stay apart.
@@ -645,7 +633,7 @@ mod tests {
             for x in [&x1, &x3] {
                 let got = fused.forward(x).unwrap();
                 for (p, g) in parts.iter().zip(&got) {
-                    let d = max_abs_diff(&p.forward(x).unwrap(), g);
+                    let d = max_diff(&p.forward(x).unwrap(), g);
                     assert!(d < 1e-4, "{name}: part differs by {d}");
                 }
             }

@@ -175,20 +175,7 @@ fn causal_bias(l: i32, s: i32, dtype: Dtype) -> Result<Array> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mlx_tensor::random;
-
-    fn rand(shape: &[i32], seed: u64) -> Array {
-        random::normal(shape, Dtype::Float32, &random::key(seed).unwrap()).unwrap()
-    }
-
-    fn max_diff(a: &Array, b: &Array) -> f32 {
-        let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
-        assert_eq!(a.len(), b.len());
-        a.iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max)
-    }
+    use crate::models::test_arrays::{max_diff, rand};
 
     /// The explicit and padded forms equal MLX's fused causal attention
     /// (within 1e-5, f32) for query lengths 2..=7, key lengths from L up,

@@ -31,6 +31,12 @@ const SOURCE: &str = r#"
   y[i] = __float2bfloat16(g / (1.0f + expf(-g)) * u);
 "#;
 
+/// `silu(gate) · up` with MLX's ops (separate gate and up projections, and
+/// the joint form off CUDA).
+pub(crate) fn silu_mul(gate: &Array, up: &Array) -> Result<Array> {
+    Ok(gate.silu()?.multiply(up)?)
+}
+
 /// `silu(gu[..., :half]) · gu[..., half:]` for a row-contiguous `gu` whose
 /// last axis is `2 · half` (the kernel for bf16 on CUDA, MLX's ops otherwise).
 pub(crate) fn swiglu(gu: &Array, half: i32) -> Result<Array> {
@@ -43,7 +49,7 @@ pub(crate) fn swiglu(gu: &Array, half: i32) -> Result<Array> {
     if !fused {
         let g = gu.slice_axis(-1, 0, half)?;
         let u = gu.slice_axis(-1, half, 2 * half)?;
-        return Ok(g.silu()?.multiply(&u)?);
+        return silu_mul(&g, &u);
     }
     let mut shape = gu.shape().to_vec();
     *shape.last_mut().expect("rank ≥ 1") = half;
