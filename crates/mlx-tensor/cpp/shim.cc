@@ -341,17 +341,38 @@ ArrPtr sdpa_masked(const Arr& q, const Arr& k, const Arr& v, float scale, const 
   return wrap(mx::fast::scaled_dot_product_attention(q.a, k.a, v.a, scale, "array", mask.a));
 }
 
-ArrPtr cuda_kernel2(rust::Str name, rust::Str source, rust::Str a_name, const Arr& a, rust::Str b_name,
-                    const Arr& b, rust::Str out_name, rust::Slice<const int32_t> out_shape, DtypeCode out_dtype,
-                    rust::Slice<const int32_t> grid, rust::Slice<const int32_t> block, rust::Str tmpl_name,
-                    int32_t tmpl_value) {
-  if (grid.size() != 3 || block.size() != 3) throw std::invalid_argument("cuda_kernel2: grid and block take 3 sizes");
-  auto kernel = mx::fast::cuda_kernel(std::string(name), {std::string(a_name), std::string(b_name)},
-                                      {std::string(out_name)}, std::string(source), "", true, 0);
-  auto outs = kernel({a.a, b.a}, {to_shape(out_shape)}, {to_dtype(out_dtype)}, {grid[0], grid[1], grid[2]},
-                     {block[0], block[1], block[2]}, {{std::string(tmpl_name), mx::fast::TemplateArg(int(tmpl_value))}},
+std::unique_ptr<ArrList> cuda_kernel(rust::Str name, rust::Str source, rust::Slice<const rust::String> input_names,
+                                     const ArrList& inputs, rust::Slice<const rust::String> output_names,
+                                     rust::Slice<const int32_t> out_dims, rust::Slice<const int32_t> out_ranks,
+                                     rust::Slice<const uint8_t> out_dtypes, rust::Slice<const int32_t> grid,
+                                     rust::Slice<const int32_t> block, rust::Slice<const rust::String> tmpl_names,
+                                     rust::Slice<const int32_t> tmpl_values, bool row_contiguous) {
+  if (grid.size() != 3 || block.size() != 3) throw std::invalid_argument("cuda_kernel: grid and block take 3 sizes");
+  if (out_ranks.size() != output_names.size() || out_dtypes.size() != output_names.size())
+    throw std::invalid_argument("cuda_kernel: one shape and one dtype per output");
+  if (tmpl_names.size() != tmpl_values.size()) throw std::invalid_argument("cuda_kernel: one value per template name");
+  std::vector<std::string> in_names, out_names;
+  for (auto& n : input_names) in_names.emplace_back(std::string(n));
+  for (auto& n : output_names) out_names.emplace_back(std::string(n));
+  std::vector<mx::Shape> shapes;
+  std::vector<mx::Dtype> dtypes;
+  size_t at = 0;
+  for (size_t i = 0; i < out_ranks.size(); ++i) {
+    size_t r = static_cast<size_t>(out_ranks[i]);
+    if (at + r > out_dims.size()) throw std::invalid_argument("cuda_kernel: output ranks exceed the dims given");
+    shapes.emplace_back(out_dims.begin() + at, out_dims.begin() + at + r);
+    at += r;
+    dtypes.push_back(to_dtype(static_cast<DtypeCode>(out_dtypes[i])));
+  }
+  std::vector<std::pair<std::string, mx::fast::TemplateArg>> tmpl;
+  for (size_t i = 0; i < tmpl_names.size(); ++i)
+    tmpl.emplace_back(std::string(tmpl_names[i]), mx::fast::TemplateArg(int(tmpl_values[i])));
+  auto kernel = mx::fast::cuda_kernel(std::string(name), in_names, out_names, std::string(source), "", row_contiguous, 0);
+  auto outs = kernel(inputs.items, shapes, dtypes, {grid[0], grid[1], grid[2]}, {block[0], block[1], block[2]}, tmpl,
                      std::nullopt, false, {});
-  return wrap(outs.at(0));
+  auto list = std::make_unique<ArrList>();
+  list->items = std::move(outs);
+  return list;
 }
 
 ArrPtr random_key(uint64_t seed) { return wrap(mx::random::key(seed)); }

@@ -79,58 +79,72 @@ pub fn scaled_dot_product_attention(
     }
 }
 
-/// A CUDA kernel of two inputs and one output, compiled at run time by MLX
-/// (`fast::cuda_kernel`, NVRTC): `source` is the kernel body, the inputs are
-/// `const T*` named `inputs[i].0` (`NAME_shape` in the body adds the shape),
-/// the output is `T*` named `output`, and `template` becomes a `constexpr int`.
-/// Inputs are made row-contiguous first. Works only on MLX's CUDA backend:
-/// elsewhere it is an `Err`.
+/// A CUDA kernel compiled at run time by MLX (`fast::cuda_kernel`, NVRTC):
+/// `source` is the kernel body; each input is a `const T*` named as in
+/// `inputs` (`NAME_shape`, `NAME_strides`, `NAME_ndim` in the body add those
+/// of that input), each output a `T*` named as in `outputs`, and every
+/// template `(name, value)` a `constexpr int`. Works only on MLX's CUDA
+/// backend: elsewhere it is an `Err`.
 #[derive(Debug, Clone, Copy)]
 pub struct CudaKernel<'a> {
-    /// Kernel name (one compiled module per name and template value).
+    /// Kernel name (one compiled module per name, source and template values).
     pub name: &'a str,
     /// The kernel body.
     pub source: &'a str,
-    /// Names of the two inputs.
-    pub inputs: [&'a str; 2],
-    /// Name of the output.
-    pub output: &'a str,
+    /// Names of the inputs, in call order.
+    pub inputs: &'a [&'a str],
+    /// Names of the outputs, in result order.
+    pub outputs: &'a [&'a str],
+    /// Whether inputs are made row-contiguous first (MLX copies those that
+    /// are not); without it the body must index through `NAME_strides`.
+    pub row_contiguous: bool,
 }
 
-/// Launch geometry and output of one [`CudaKernel`] call.
+/// Launch geometry and outputs of one [`CudaKernel`] call.
 #[derive(Debug, Clone, Copy)]
 pub struct CudaLaunch<'a> {
-    /// Output shape.
-    pub shape: &'a [i32],
-    /// Output dtype.
-    pub dtype: Dtype,
+    /// Shape and dtype of each output.
+    pub outputs: &'a [(&'a [i32], Dtype)],
     /// Total threads per axis (as in MLX: not blocks).
     pub grid: [i32; 3],
     /// Threads per block.
     pub block: [i32; 3],
-    /// One compile-time integer, `(name, value)`.
-    pub template: (&'a str, i32),
+    /// Compile-time integers, `(name, value)`.
+    pub templates: &'a [(&'a str, i32)],
 }
 
 impl CudaKernel<'_> {
-    /// Runs the kernel on `a`, `b`.
+    /// Runs the kernel on `inputs` (as many as [`CudaKernel::inputs`] names)
+    /// and returns its outputs.
     #[track_caller]
-    pub fn apply(&self, a: &Array, b: &Array, launch: &CudaLaunch<'_>) -> Result<Array> {
-        check(sys::cuda_kernel2(
-            self.name,
-            self.source,
-            self.inputs[0],
-            a.raw(),
-            self.inputs[1],
-            b.raw(),
-            self.output,
-            launch.shape,
-            launch.dtype.code(),
-            &launch.grid,
-            &launch.block,
-            launch.template.0,
-            launch.template.1,
-        ))
-        .map(Array::wrap)
+    pub fn apply(&self, inputs: &[&Array], launch: &CudaLaunch<'_>) -> Result<Vec<Array>> {
+        let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let dims: Vec<i32> = launch
+            .outputs
+            .iter()
+            .flat_map(|(s, _)| s.iter().copied())
+            .collect();
+        let ranks: Vec<i32> = launch.outputs.iter().map(|(s, _)| s.len() as i32).collect();
+        let dtypes: Vec<u8> = launch.outputs.iter().map(|(_, d)| d.code().repr).collect();
+        let (tnames, tvalues): (Vec<&str>, Vec<i32>) = launch.templates.iter().copied().unzip();
+        let list = crate::array::List::new(inputs.iter().copied());
+        crate::array::List {
+            inner: check(sys::cuda_kernel(
+                self.name,
+                self.source,
+                &names(self.inputs),
+                list.raw(),
+                &names(self.outputs),
+                &dims,
+                &ranks,
+                &dtypes,
+                &launch.grid,
+                &launch.block,
+                &names(&tnames),
+                &tvalues,
+                self.row_contiguous,
+            ))?,
+        }
+        .into_arrays()
     }
 }

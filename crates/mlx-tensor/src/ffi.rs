@@ -233,21 +233,21 @@ pub(crate) mod sys {
         fn sdpa_masked(q: &Arr, k: &Arr, v: &Arr, scale: f32, mask: &Arr)
         -> Result<UniquePtr<Arr>>;
         #[allow(clippy::too_many_arguments)]
-        fn cuda_kernel2(
+        fn cuda_kernel(
             name: &str,
             source: &str,
-            a_name: &str,
-            a: &Arr,
-            b_name: &str,
-            b: &Arr,
-            out_name: &str,
-            out_shape: &[i32],
-            out_dtype: DtypeCode,
+            input_names: &[String],
+            inputs: &ArrList,
+            output_names: &[String],
+            out_dims: &[i32],
+            out_ranks: &[i32],
+            out_dtypes: &[u8],
             grid: &[i32],
             block: &[i32],
-            tmpl_name: &str,
-            tmpl_value: i32,
-        ) -> Result<UniquePtr<Arr>>;
+            tmpl_names: &[String],
+            tmpl_values: &[i32],
+            row_contiguous: bool,
+        ) -> Result<UniquePtr<ArrList>>;
 
         fn random_key(seed: u64) -> Result<UniquePtr<Arr>>;
         fn random_split(key: &Arr, num: i32) -> Result<UniquePtr<Arr>>;

@@ -14,6 +14,7 @@ pub(crate) mod qwen3_next;
 pub(crate) mod registry;
 pub(crate) mod rope;
 pub(crate) mod sdpa;
+pub(crate) mod short_sdpa;
 pub(crate) mod skinny;
 pub(crate) mod swiglu;
 pub(crate) mod trunk_ends;

@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::models::layers::RmsNorm;
 use crate::models::rope::Rope;
 use crate::models::sdpa::{self, Kernel};
+use crate::models::short_sdpa;
 
 /// Head counts, scale and optional per-head q/k norms of one attention layer.
 #[derive(Debug, Clone)]
@@ -74,9 +75,21 @@ impl AttentionCore {
         // for one row); a windowed cache hands out its own array mask, which
         // only the fused kernel takes.
         let causal = matches!(mask, AttentionMask::Causal);
-        let kernel = sdpa::choose(l, keys.dim(2), self.heads, q.dtype());
-        let o = match kernel {
-            Kernel::Explicit if causal => sdpa::explicit(&q, &keys, &values, self.scale)?,
+        let shape = sdpa::Shape {
+            rows: l,
+            keys: keys.dim(2),
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+        };
+        let o = match sdpa::choose(shape, q.dtype()) {
+            // Already `[1, L, heads·D]`.
+            Kernel::Short if causal => {
+                return short_sdpa::attend(&q, &keys, &values, self.scale);
+            }
+            Kernel::Explicit | Kernel::Short if causal => {
+                sdpa::explicit(&q, &keys, &values, self.scale)?
+            }
             Kernel::Padded if causal && cache.max_size().is_none() => {
                 match cache.state().as_slice() {
                     [kb, vb] => sdpa::padded(&q, kb, vb, keys.dim(2), self.scale)?,

@@ -15,18 +15,23 @@ use std::cell::{Cell, RefCell};
 use mlx_tensor::{Array, Dtype, fast, ops};
 
 use crate::error::Result;
+use crate::models::short_sdpa;
 
 /// How attention over more than one query row is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionPath {
     /// The best measured path for the backend: fused except for multi-row
-    /// bf16/f16 attention on CUDA, which runs [`AttentionPath::Explicit`].
+    /// bf16/f16 attention on CUDA, which runs [`AttentionPath::Short`] where
+    /// its kernels apply and [`AttentionPath::Explicit`] elsewhere.
     #[default]
     Auto,
     /// Always MLX's fused `scaled_dot_product_attention`.
     Fused,
     /// Always the explicit form for more than one query row.
     Explicit,
+    /// Our two CUDA kernels for a few bf16 query rows (`short_sdpa.rs`),
+    /// the explicit form where they do not apply.
+    Short,
     /// The fused kernel over the whole preallocated cache buffer with a mask,
     /// so the key length only changes when the buffer grows (256 slots).
     /// Kept for measurement; see docs/bench.
@@ -34,12 +39,13 @@ pub enum AttentionPath {
 }
 
 impl AttentionPath {
-    /// Parses `auto`, `fused`, `explicit`, `padded`.
+    /// Parses `auto`, `fused`, `explicit`, `short`, `padded`.
     pub fn parse(s: &str) -> Option<AttentionPath> {
         Some(match s {
             "auto" => AttentionPath::Auto,
             "fused" => AttentionPath::Fused,
             "explicit" => AttentionPath::Explicit,
+            "short" => AttentionPath::Short,
             "padded" => AttentionPath::Padded,
             _ => return None,
         })
@@ -56,7 +62,7 @@ thread_local! {
 
 /// Sets the attention path for this thread's later forwards. The default is
 /// `MTP_ATTENTION` from the environment (`auto`, `fused`, `explicit`,
-/// `padded`), else [`AttentionPath::Auto`].
+/// `short`, `padded`), else [`AttentionPath::Auto`].
 pub fn set_attention_path(path: AttentionPath) {
     PATH.with(|p| p.set(Some(path)));
 }
@@ -86,22 +92,39 @@ const EXPLICIT_SCORE_BYTES: usize = 512 << 20;
 pub(crate) enum Kernel {
     Fused,
     Explicit,
+    Short,
     Padded,
 }
 
-/// The kernel for `rows` query rows over `keys` keys with `heads` query heads.
-pub(crate) fn choose(rows: i32, keys: i32, heads: i32, dtype: Dtype) -> Kernel {
-    if rows <= 1 {
+/// The query shape one attention call sees: rows, heads, KV heads, head
+/// width, and the key length after the cache update.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shape {
+    pub(crate) rows: i32,
+    pub(crate) keys: i32,
+    pub(crate) heads: i32,
+    pub(crate) kv_heads: i32,
+    pub(crate) head_dim: i32,
+}
+
+/// The kernel for one attention call of shape `s` in `dtype`.
+pub(crate) fn choose(s: Shape, dtype: Dtype) -> Kernel {
+    if s.rows <= 1 {
         return Kernel::Fused;
     }
+    let short = || short_sdpa::applies(s.rows, s.heads, s.kv_heads, s.head_dim, dtype);
     match attention_path() {
         AttentionPath::Fused => Kernel::Fused,
         AttentionPath::Explicit => Kernel::Explicit,
+        AttentionPath::Short if short() => Kernel::Short,
+        AttentionPath::Short => Kernel::Explicit,
         AttentionPath::Padded => Kernel::Padded,
         AttentionPath::Auto => {
             let half = matches!(dtype, Dtype::Bfloat16 | Dtype::Float16);
-            let bytes = 4 * heads as usize * rows as usize * keys as usize;
-            if half && on_cuda() && bytes <= EXPLICIT_SCORE_BYTES {
+            let bytes = 4 * s.heads as usize * s.rows as usize * s.keys as usize;
+            if short() {
+                Kernel::Short
+            } else if half && on_cuda() && bytes <= EXPLICIT_SCORE_BYTES {
                 Kernel::Explicit
             } else {
                 Kernel::Fused
@@ -122,7 +145,7 @@ pub(crate) fn on_cuda() -> bool {
 /// `softmax(q kᵀ · scale + causal) v` for `q: [1, Hq, L, D]` over `k, v:
 /// [1, Hkv, S, D]` (`S ≥ L`, the last `L` keys are the queries' own), grouped
 /// by reshaping instead of repeating the keys. The softmax runs in f32.
-pub(crate) fn explicit(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
+pub fn explicit(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
     let (hq, l, d) = (q.dim(1), q.dim(2), q.dim(3));
     let (hkv, s) = (k.dim(1), k.dim(2));
     let g = hq / hkv;
@@ -230,10 +253,17 @@ mod tests {
 
     #[test]
     fn auto_keeps_one_row_fused() {
-        assert_eq!(choose(1, 1000, 32, Dtype::Bfloat16), Kernel::Fused);
+        let shape = |rows| Shape {
+            rows,
+            keys: 1000,
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+        };
+        assert_eq!(choose(shape(1), Dtype::Bfloat16), Kernel::Fused);
         // This machine has no CUDA: auto stays fused for several rows too.
         if !on_cuda() {
-            assert_eq!(choose(5, 1000, 32, Dtype::Bfloat16), Kernel::Fused);
+            assert_eq!(choose(shape(5), Dtype::Bfloat16), Kernel::Fused);
         }
     }
 }

@@ -22,8 +22,9 @@ pub(crate) const MAX_ROWS: i32 = 8;
 const KERNEL: CudaKernel<'static> = CudaKernel {
     name: "mtp_rows_matmul_t",
     source: SOURCE,
-    inputs: ["x", "w"],
-    output: "y",
+    inputs: &["x", "w"],
+    outputs: &["y"],
+    row_contiguous: true,
 };
 
 /// `y[m, n] = Σ_k x[m, k] · w[n, k]` for `ROWS` rows; `x`, `w` bf16,
@@ -98,13 +99,12 @@ pub(crate) fn applies(rows: i32, k: i32, dtype: Dtype) -> bool {
 pub(crate) fn matmul_t(x: &Array, w: &Array) -> Result<Array> {
     let (m, n) = (x.dim(0), w.dim(0));
     let launch = CudaLaunch {
-        shape: &[m, n],
-        dtype: x.dtype(),
+        outputs: &[(&[m, n], x.dtype())],
         grid: [n * 32, 1, 1],
         block: [256, 1, 1],
-        template: ("ROWS", m),
+        templates: &[("ROWS", m)],
     };
-    Ok(KERNEL.apply(x, w, &launch)?)
+    Ok(KERNEL.apply(&[x, w], &launch)?.remove(0))
 }
 
 #[cfg(test)]

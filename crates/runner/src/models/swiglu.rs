@@ -15,8 +15,9 @@ use crate::error::Result;
 const KERNEL: CudaKernel<'static> = CudaKernel {
     name: "mtp_swiglu",
     source: SOURCE,
-    inputs: ["gu", "unused"],
-    output: "y",
+    inputs: &["gu"],
+    outputs: &["y"],
+    row_contiguous: true,
 };
 
 /// `y[r, j] = silu(gu[r, j]) · gu[r, HALF + j]` in f32 for bf16 `gu`, one
@@ -61,13 +62,12 @@ pub(crate) fn swiglu(gu: &Array, half: i32) -> Result<Array> {
         .find(|b| half % b == 0)
         .unwrap_or(1);
     let launch = CudaLaunch {
-        shape: &shape,
-        dtype,
+        outputs: &[(&shape, dtype)],
         grid: [total, 1, 1],
         block: [block, 1, 1],
-        template: ("HALF", half),
+        templates: &[("HALF", half)],
     };
-    Ok(KERNEL.apply(gu, gu, &launch)?)
+    Ok(KERNEL.apply(&[gu], &launch)?.remove(0))
 }
 
 #[cfg(test)]
