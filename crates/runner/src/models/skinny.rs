@@ -1,13 +1,16 @@
-//! `x @ W.T` for a few rows of `x` on CUDA, reading the weight once.
+//! `x @ W.T` for a few rows of `x` on CUDA, reading the weight once: off
+//! by default, kept for measurement (`MTP_ROWS_KERNEL=1`).
 //!
-//! Why: MLX 0.32's CUDA matmul has its own GEMV kernel for one row and sends
-//! two or more rows to cuBLASLt, whose GEMM for 2–8 rows of a decoder-sized
-//! bf16 weight cost about twice the one-row kernel on an H200 (a speculative
-//! verify of `k + 1` rows, measured with `examples/verify-probe.rs`). A verify
-//! is bound by reading the weights, exactly like a step, so one pass over the
-//! weight for all rows is what it should cost. The kernel below gives each
-//! warp one output feature: its 32 lanes stream that weight row in 16-byte
-//! loads and keep one f32 sum per input row.
+//! Why it exists: MLX 0.32's CUDA matmul has its own GEMV kernel for one row
+//! and sends two or more rows to cuBLASLt, whose GEMM for 2–8 rows of a
+//! decoder-sized bf16 weight once cost about twice the one-row kernel on an
+//! H200. The kernel below gives each warp one output feature: its 32 lanes
+//! stream that weight row in 16-byte loads and keep one f32 sum per input row.
+//! Why it is off: measured again with every other round cost cut (fused
+//! layers, short-query attention; `examples/verify-probe.rs`, 8B shape bf16,
+//! one call), a synced verify of 2 / 3 / 4 / 5 rows took 10.2 / 11.1 / 11.7 /
+//! 13.0 ms with it and 10.4 / 10.2 / 10.1 / 10.3 ms with cuBLAS: it re-reads
+//! every input row per weight chunk, so it falls behind from three rows on.
 
 use std::cell::Cell;
 
@@ -63,12 +66,12 @@ const SOURCE: &str = r#"
 "#;
 
 thread_local! {
-    /// `MTP_ROWS_KERNEL=0` turns the kernel off (for measurement).
+    /// `MTP_ROWS_KERNEL=1` turns the kernel on (for measurement).
     static ENABLED: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 /// Turns the few-rows CUDA kernel on or off for this thread's later forwards
-/// (default: on, unless `MTP_ROWS_KERNEL=0`).
+/// (default: off, unless `MTP_ROWS_KERNEL=1`).
 pub fn set_rows_kernel(on: bool) {
     ENABLED.with(|e| e.set(Some(on)));
 }
@@ -78,7 +81,7 @@ pub(crate) fn enabled() -> bool {
     ENABLED.with(|e| match e.get() {
         Some(v) => v,
         None => {
-            let v = std::env::var("MTP_ROWS_KERNEL").map_or(true, |s| s != "0");
+            let v = std::env::var("MTP_ROWS_KERNEL").is_ok_and(|s| s == "1");
             e.set(Some(v));
             v
         }
