@@ -18,7 +18,9 @@
 //!   prompt's tokens equal plain's) and `first_divergence` (`[prompt, token]`);
 //!   `ttft_ms` (mean over the prompts). Plain is `method: "off"`, `depth: 0`.
 //!   `round_costs`: a drafted round's mean wall time and its phases in ms
-//!   (host-side phases; see `runner::Phases`).
+//!   (host-side phases; see `runner::Phases`); `plain_phases_ms`: the plain
+//!   decoder's host time per token (build, dispatch, wait, emit; see
+//!   `runner::PlainPhases`), `null` when no token came from it.
 //! * `kind: "round-profile"`: each `--profile-depth` depth again with every
 //!   round synced per phase (`runner::set_profile_rounds`): `round_costs`
 //!   then holds device times of the draft, the verify forward and the
@@ -109,6 +111,7 @@ struct Case {
     timed_tokens: usize,
     generated: usize,
     spec: SpecStats,
+    plain: runner::PlainPhases,
     outputs: Vec<Vec<u32>>,
 }
 
@@ -121,6 +124,7 @@ impl Default for Case {
             generated: 0,
             // The method is not reported from here; the sums are.
             spec: SpecStats::new(runner::DraftMethod::Mtp),
+            plain: runner::PlainPhases::default(),
             outputs: Vec::new(),
         }
     }
@@ -132,6 +136,12 @@ impl Case {
         self.prefill += g.stats.prefill_time;
         self.timed_tokens += g.stats.generated_tokens.saturating_sub(1);
         self.generated += g.stats.generated_tokens;
+        let (p, q) = (&mut self.plain, &g.stats.plain);
+        p.tokens += q.tokens;
+        p.build += q.build;
+        p.dispatch += q.dispatch;
+        p.wait += q.wait;
+        p.emit += q.emit;
         if let Some(s) = g.speculation {
             let t = &mut self.spec;
             t.rounds += s.rounds;
@@ -333,6 +343,10 @@ fn main() -> Res<()> {
         emit(&row(json!({
             "kind": if profiled { "round-profile" } else { "decode" }, "method": method, "depth": d,
             "round_costs": round_costs(&s.times),
+            "plain_phases_ms": (c.plain.tokens > 0).then(|| {
+                let [b, d, w, e] = c.plain.per_token_ms();
+                json!({"tokens": c.plain.tokens, "build": b, "dispatch": d, "wait": w, "emit": e})
+            }),
             "tokens_per_s": if decode_s > 0.0 { c.timed_tokens as f64 / decode_s } else { 0.0 },
             "step_ms": if c.timed_tokens > 0 { decode_s * 1e3 / c.timed_tokens as f64 } else { 0.0 },
             "mean_accepted_length": if speculative && s.rounds > 0 { s.mean_accepted_length() } else { 1.0 },

@@ -114,5 +114,5 @@ pub use sampler;
 pub use sampler::Options as SamplingOptions;
 pub use session::{Session, Speculation};
 pub use spec_stats::{Phases, RoundMeans, RoundTimes, SpecStats, set_profile_rounds};
-pub use stats::Stats;
+pub use stats::{PlainPhases, Stats};
 pub use tokenizer::Tokenizer;

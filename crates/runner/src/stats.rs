@@ -15,6 +15,35 @@ pub struct Stats {
     pub decode_time: Duration,
     /// MLX's peak active memory during the generation, in bytes.
     pub peak_memory_bytes: usize,
+    /// Where the plain decoder's time went, summed over its tokens (zero
+    /// when every token came from speculative rounds).
+    pub plain: PlainPhases,
+}
+
+/// Host time of the plain decoder's tokens, by phase, summed: what a plain
+/// token costs beyond the device's step shows here (on CUDA a step is bound
+/// by the host building and dispatching its graph).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PlainPhases {
+    /// Tokens these sums cover.
+    pub tokens: usize,
+    /// Building the next step's graph (forward, unembedding, sample, checks).
+    pub build: Duration,
+    /// Handing it to MLX (`async_eval`: encoding and launching its kernels).
+    pub dispatch: Duration,
+    /// Waiting for the token being read (its step's device time not hidden
+    /// behind the host work above).
+    pub wait: Duration,
+    /// Emitting it: penalty history, detokenizing, stop strings, the callback.
+    pub emit: Duration,
+}
+
+impl PlainPhases {
+    /// Each phase's mean per token in milliseconds: build, dispatch, wait, emit.
+    pub fn per_token_ms(&self) -> [f64; 4] {
+        let n = self.tokens.max(1) as f64;
+        [self.build, self.dispatch, self.wait, self.emit].map(|d| d.as_secs_f64() * 1e3 / n)
+    }
 }
 
 impl Stats {

@@ -70,7 +70,9 @@ pub(super) fn run<F: FnMut(&str)>(
         } else {
             None
         };
+        let t_read = Instant::now();
         let id: u32 = y.read()?; // fails on non-finite logits
+        let t_emit = Instant::now();
         d.output.first_token();
         if let Some(t) = tap.as_mut() {
             let now = Instant::now();
@@ -96,7 +98,16 @@ pub(super) fn run<F: FnMut(&str)>(
             }
             target.push(id);
         }
-        if d.emit(id)? == Flow::Done {
+        let flow = d.emit(id)?;
+        let phases = &mut d.output.result.stats.plain;
+        phases.tokens += 1;
+        phases.wait += t_emit - t_read;
+        phases.emit += t_emit.elapsed();
+        if let Some(a) = &ahead {
+            phases.build += a.build;
+            phases.dispatch += a.dispatch;
+        }
+        if flow == Flow::Done {
             if ahead.is_some() && d.output.result.finish == FinishReason::Eos {
                 target.drop_last()?;
             }
@@ -118,6 +129,9 @@ pub(super) fn run<F: FnMut(&str)>(
                 // Not pipelined: the next forward waits for this read.
                 let arr = Array::from_slice(&[id], &[1])?;
                 let s = step(target, &arr, d)?;
+                let phases = &mut d.output.result.stats.plain;
+                phases.build += s.build;
+                phases.dispatch += s.dispatch;
                 target.push(id);
                 s.next
             }

@@ -2,6 +2,7 @@
 //! token and sample", written once for every decoder.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use mlx_tensor::Array;
 use mtp_draft::DraftSampling;
@@ -61,6 +62,9 @@ pub(super) struct Step {
     pub(super) next: Checked,
     /// The forward's hidden row `[1, H]` (lazy).
     pub(super) hidden: Array,
+    /// Host time building the step's graph, and handing it to MLX.
+    pub(super) build: Duration,
+    pub(super) dispatch: Duration,
 }
 
 /// Forwards one (maybe lazy) token after `target`'s committed ones (not
@@ -71,11 +75,18 @@ pub(super) fn step<F: FnMut(&str)>(
     token: &Array,
     d: &mut Decode<'_, F>,
 ) -> Result<Step> {
+    let t0 = Instant::now();
     let at = target.offset();
     let hidden = target.forward_one(token)?;
     let logits = target.model().unembed(&hidden)?;
     let next = sample_next(&logits, d.options, &d.history, &d.keys.next_key()?)?;
     let next = crate::finite::check(&logits, &next, d.options, at + 1, hidden.dtype())?;
+    let built = Instant::now();
     next.async_eval()?;
-    Ok(Step { next, hidden })
+    Ok(Step {
+        next,
+        hidden,
+        build: built - t0,
+        dispatch: built.elapsed(),
+    })
 }
