@@ -250,6 +250,7 @@ const SHORT_TOLERANCE: f32 = 1.5e-2;
 /// values the live part of a longer cache buffer), over grouped and ungrouped
 /// heads, one and several key chunks. Prints one line per case; returns the
 /// worst relative difference (1 when the CUDA kernels cannot run).
+#[allow(clippy::print_stdout, clippy::print_stderr)]
 fn short_attention_unit() -> Result<f32, Box<dyn std::error::Error>> {
     use runner::testing::{explicit_attention, short_attention};
     let mut worst = 0.0f32;

@@ -25,7 +25,7 @@ pub struct Stats {
 /// by the host building and dispatching its graph).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PlainPhases {
-    /// Tokens these sums cover.
+    /// Tokens these sums cover (every token the plain decoder read).
     pub tokens: usize,
     /// Building the next step's graph (forward, unembedding, sample, checks).
     pub build: Duration,

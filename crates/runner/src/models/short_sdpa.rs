@@ -39,8 +39,8 @@ const PARTIAL: CudaKernel<'static> = CudaKernel {
 /// first staged in shared memory by the whole block (many loads in flight,
 /// instead of one key's latency per step of every warp); warp `w` then takes
 /// query rows `r = w, w + WARPS, ..` of the `G·L` rows of that head (`q: [1,
-/// Hq, L, D]`, head `h·G + r / L`, row `r % L`, which sees keys `0 ..= S - L
-/// + r % L`). Lane `t` holds features `t + 32e`. Writes the unnormalised sum
+/// Hq, L, D]`, head `h·G + r / L`, row `r % L`, which sees keys up to
+/// `S - L + r % L`). Lane `t` holds features `t + 32e`. Writes the unnormalised sum
 /// `part[c, hq, l, :]` and `stats[c, hq, l] = (max, sum of exp)`; a chunk the
 /// row cannot see gives `(-inf, 0)` and zeros. NVRTC has no standard
 /// library: only CUDA's intrinsics.

@@ -49,3 +49,31 @@ fn one_host_sync_per_round() {
         );
     }
 }
+
+/// The plain decoder reports where its time went: one entry per generated
+/// token (the prompt's last token is re-run as the first step, so every one
+/// is read in the loop), each phase measured, and the phases together inside
+/// the decode time and the prefill.
+#[test]
+fn plain_phases_cover_the_plain_tokens() {
+    let m = runner::load(&bundled(), LoadOptions::default(), |_, _| {}).unwrap();
+    let prompt = m.tokenizer.encode("def fibonacci(n):\n", true).unwrap();
+    let opts = GenerateOptions {
+        max_tokens: 24,
+        sampling: SamplingOptions::greedy(),
+        ..GenerateOptions::default()
+    };
+    let mut s = Session::new(m.model.as_ref());
+    let g = s.run(&m.tokenizer, &prompt, &opts).unwrap();
+    let p = g.stats.plain;
+    assert_eq!(p.tokens, g.stats.generated_tokens, "{p:?}");
+    assert!(
+        p.build > std::time::Duration::ZERO && p.dispatch > std::time::Duration::ZERO,
+        "{p:?}"
+    );
+    let sum = p.build + p.dispatch + p.wait + p.emit;
+    let total = g.stats.prefill_time + g.stats.decode_time;
+    assert!(sum <= total, "{sum:?} > {total:?}");
+    let ms = p.per_token_ms();
+    assert!(ms.iter().all(|v| v.is_finite() && *v >= 0.0), "{ms:?}");
+}
