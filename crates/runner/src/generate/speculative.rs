@@ -112,8 +112,13 @@ fn round<F: FnMut(&str)>(
     let pos = target.offset();
     let cur = Array::from_slice(&[current], &[1])?;
     let proposal = draft.propose(current, &cur, target.committed(), depth, d.draft_sampling())?;
-    if profile && let Some(p) = &proposal {
-        mlx_tensor::eval([&p.tokens])?;
+    if let Some(p) = &proposal {
+        if profile {
+            mlx_tensor::eval([&p.tokens])?;
+        } else if early_dispatch() {
+            // The device runs the draft chain while the host builds the verify.
+            mlx_tensor::async_eval([&p.tokens])?;
+        }
     }
     let t_draft = Instant::now();
     let Some(proposal) = proposal else {
@@ -201,4 +206,12 @@ fn round<F: FnMut(&str)>(
         },
         syncs: mlx_tensor::host_syncs() - syncs0,
     })
+}
+
+/// Whether a round hands its draft chain to MLX as soon as it is built
+/// (`MTP_EARLY_DRAFT_DISPATCH=1`, for measurement; default: the chain is
+/// dispatched with the verify, in the round's one sync).
+fn early_dispatch() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MTP_EARLY_DRAFT_DISPATCH").is_ok_and(|v| v == "1"))
 }
