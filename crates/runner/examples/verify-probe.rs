@@ -7,6 +7,11 @@
 //! [--model DIR | --shape tiny|1.7b|8b] [--dtype bf16|f32] [--rounds N]
 //! [--paths fused,explicit,short,padded] [--host-only]`
 //!
+//! `--delta-check DIR` (a Gated DeltaNet model, f32) only compares the
+//! logits of a prefill, a 5-row verify and a one-row step with the CUDA
+//! gated delta kernel on and off (`"probe":"delta-kernel"`), and fails past
+//! [`DELTA_TOLERANCE`].
+//!
 //! First, always: the short-query attention kernels against f32 attention on
 //! random bf16 inputs (`"probe":"short-attention-unit"`; an error beyond
 //! [`SHORT_TOLERANCE`], and nothing else runs), then the host cost of a
@@ -19,7 +24,9 @@ use std::time::Instant;
 
 use mlx_tensor::{Array, Dtype};
 use runner::testing::{Arch, Fixture, write_checkpoint};
-use runner::{AttentionPath, LoadOptions, Model, set_attention_path, set_rows_kernel};
+use runner::{
+    AttentionPath, LoadOptions, Model, set_attention_path, set_delta_kernel, set_rows_kernel,
+};
 use serde_json::json;
 
 #[path = "support/host.rs"]
@@ -110,6 +117,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             "--rounds" => rounds = val()?.parse()?,
             "--host-only" => host_only = true,
+            "--delta-check" => {
+                let worst = delta_check(&PathBuf::from(val()?))?;
+                if worst > DELTA_TOLERANCE {
+                    return Err(format!(
+                        "the gated delta kernel differs from the ops path by {worst:.2e} of the logit range (> {DELTA_TOLERANCE:e})"
+                    )
+                    .into());
+                }
+                return Ok(());
+            }
             "--paths" => {
                 paths = val()?
                     .split(',')
@@ -301,6 +318,62 @@ fn short_attention_unit() -> Result<f32, Box<dyn std::error::Error>> {
         println!(
             "{}",
             json!({"probe":"short-attention-unit","heads":hq,"kv_heads":hkv,"rows":l,"keys":s,"head_dim":d,"rel":rel})
+        );
+    }
+    Ok(worst)
+}
+
+/// Largest logit difference allowed between the gated delta kernel and the
+/// ops path in f32, in units of the logit range (summation order only).
+const DELTA_TOLERANCE: f32 = 1e-3;
+
+/// The logits of a 40-token prefill, then a 5-row verify, then one step of
+/// the model at `dir` in f32, with the gated delta kernel on and off; prints
+/// one line per forward and returns the worst relative difference.
+#[allow(clippy::print_stdout)]
+fn delta_check(dir: &std::path::Path) -> Result<f32, Box<dyn std::error::Error>> {
+    let opts = LoadOptions {
+        dtype: Dtype::Float32,
+        ..LoadOptions::default()
+    };
+    let m = runner::load(dir, opts, |_, _| {})?;
+    let model = m.model.as_ref();
+    let vocab = model.config().vocab_size as u32;
+    let ids = |n: u32, salt: u32| -> Vec<u32> {
+        (0..n)
+            .map(|i| (i * 7919 + salt) % (vocab - 3) + 3)
+            .collect()
+    };
+    let inputs = [ids(40, 1), ids(5, 2), ids(1, 3)];
+    let mut logits: [Vec<Vec<f32>>; 2] = [Vec::new(), Vec::new()];
+    for (i, on) in [false, true].into_iter().enumerate() {
+        set_delta_kernel(on);
+        let mut caches = model.new_caches();
+        for t in &inputs {
+            let x = Array::from_slice(t, &[t.len() as i32])?;
+            let h = model.forward(&x, &mut caches)?;
+            logits[i].push(model.unembed(&h)?.to_vec::<f32>()?);
+        }
+    }
+    set_delta_kernel(true);
+    let mut worst = 0.0f32;
+    for (j, name) in ["prefill-40", "verify-5", "step-1"].iter().enumerate() {
+        let (a, b) = (&logits[0][j], &logits[1][j]);
+        let range = a.iter().fold(0.0f32, |r, x| r.max(x.abs()));
+        let diff = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        let rel = if diff.is_finite() {
+            diff / range.max(1e-30)
+        } else {
+            1.0
+        };
+        worst = worst.max(rel);
+        println!(
+            "{}",
+            json!({"probe":"delta-kernel","gpu":mlx_tensor::gpu_available(),"model":dir.display().to_string(),"forward":name,"max_abs_diff":diff,"logit_range":range,"rel":rel})
         );
     }
     Ok(worst)

@@ -104,6 +104,7 @@ pub use files::check_model_folder;
 pub use generate::{FinishReason, GenerateOptions, Generation};
 pub use load::{LoadOptions, LoadedModel, ModelInfo, inspect, load};
 pub use models::Model;
+pub use models::delta_kernel::set_delta_kernel;
 pub use models::layers::LinearLayout;
 pub use models::sdpa::{AttentionPath, attention_path, set_attention_path};
 pub use models::skinny::set_rows_kernel;

@@ -5,13 +5,15 @@
 //! The recurrence runs position by position (mlx-lm's `gated_delta_ops`), so
 //! the state after every position of a forward is a node of the same graph:
 //! the offsets the cache has scheduled (a speculative verify schedules one
-//! per draft) are captured from it without a second pass.
+//! per draft) are captured from it without a second pass. On CUDA the whole
+//! recurrence is one kernel (`delta_kernel.rs`) that writes those states too.
 
 use kvcache::Cache;
 use mlx_tensor::{Array, Dtype, fast, ops};
 
 use crate::config::{HybridConfig, ModelConfig};
 use crate::error::Result;
+use crate::models::delta_kernel;
 use crate::models::layers::{Linear, LinearLayout, linear};
 use crate::quant::QuantizedTensor;
 use crate::weights::Vars;
@@ -172,8 +174,6 @@ impl GatedDeltaNet {
         let rms_eps = 1e-6 * inv * inv;
         let q = fast::rms_norm(&q, None, rms_eps)?.multiply(&scalar(inv * inv, q.dtype())?)?;
         let k = fast::rms_norm(&k, None, rms_eps)?.multiply(&scalar(inv, k.dtype())?)?;
-        let (q, k) = (repeat_heads(&q, vh / kh)?, repeat_heads(&k, vh / kh)?);
-
         let beta = b.sigmoid()?;
         let g = softplus(&a.add(&self.dt_bias)?)?
             .as_type(Dtype::Float32)?
@@ -183,6 +183,30 @@ impl GatedDeltaNet {
         let mut state = cache.recurrent_or_zeros(&[1, vh, dv, dk], Dtype::Float32)?;
         let start = cache.offset();
         let splits = cache.splits(l as usize);
+        if delta_kernel::applies(dk, dv) {
+            // The positions after which the ops path below captures (1..L).
+            let inside: Vec<usize> = splits
+                .iter()
+                .copied()
+                .filter(|&d| (1..=l as usize).contains(&d))
+                .collect();
+            let all = !inside.is_empty();
+            let (y, states) = delta_kernel::recurrence(&q, &k, &v, &g, &beta, &state, all)?;
+            for &done in &inside {
+                let tail = conv_in.slice_axis(1, done as i32, done as i32 + k1)?;
+                let after = states.slice_axis(0, done as i32 - 1, done as i32)?;
+                cache.capture(start + done, &tail, &after);
+            }
+            let last = if all {
+                states.slice_axis(0, l - 1, l)?
+            } else {
+                states
+            };
+            let conv_tail = conv_in.slice_axis(1, l, l + k1)?.contiguous()?;
+            cache.update(conv_tail, last, l as usize)?;
+            return self.readout(&y.as_type(x.dtype())?, &z, x.dtype());
+        }
+        let (q, k) = (repeat_heads(&q, vh / kh)?, repeat_heads(&k, vh / kh)?);
         let mut ys = Vec::with_capacity(l as usize);
         for t in 0..l {
             let at = |x: &Array| x.slice_axis(1, t, t + 1);
@@ -207,13 +231,21 @@ impl GatedDeltaNet {
         cache.update(conv_tail, state, l as usize)?;
 
         let y = ops::stack(&ys, 1)?; // [1, L, Hv, Dv]
-        let normed = fast::rms_norm(&y, Some(&self.norm), self.eps)?.as_type(Dtype::Float32)?;
+        self.readout(&y, &z, x.dtype())
+    }
+
+    /// The gated RMSNorm of the recurrence's output `y` `[1, L, Hv, Dv]` by
+    /// `z`, and the output projection.
+    fn readout(&self, y: &Array, z: &Array, dtype: Dtype) -> Result<Array> {
+        let l = y.dim(1);
+        let normed = fast::rms_norm(y, Some(&self.norm), self.eps)?.as_type(Dtype::Float32)?;
         let gated = z
             .as_type(Dtype::Float32)?
             .silu()?
             .multiply(&normed)?
-            .as_type(x.dtype())?;
-        self.out.forward(&gated.reshape(&[1, l, vh * dv])?)
+            .as_type(dtype)?;
+        self.out
+            .forward(&gated.reshape(&[1, l, self.value_heads * self.value_dim])?)
     }
 
     /// The arrays to evaluate at load.
