@@ -79,9 +79,7 @@ impl Window {
             .collect();
         middle(v)
     }
-}
 
-impl Window {
     /// The spread of the samples the median keeps, relative to it: 1.4826
     /// times their median absolute deviation over the median (a standard
     /// deviation that one stall does not inflate). `None` when empty.
@@ -233,7 +231,8 @@ impl CostModel {
     /// A drafting depth's modelled cost: the line, moved towards the
     /// depth's own median by as much as the median's departure from the
     /// line stands out of its noise. A departure `δ` against a standard
-    /// error `se` of the median moves it by `δ·δ²/(δ² + se²)`: a curve that
+    /// error `se` of the median moves it by `δ·δ²/(δ² + 4·se²)`
+    /// ([`SIGNIFICANCE`]): half way at two standard errors. A curve that
     /// is not a line (kernels chosen by row count, an uneven host) is learnt
     /// where it is measured, while timing noise on a true line is pooled
     /// away by the line through every depth.
