@@ -6,15 +6,18 @@
 //! drafts `1..i` were), from decayed counts of the rounds that reached it, so
 //! it follows the text. Cost (`depth/cost.rs`): the median of the recent wall
 //! times of each depth, a least-squares line `c0 + c1·d` through the drafting
-//! depths so a depth not yet tried is extrapolated rather than assumed bad,
-//! and for depth 0 (the pipelined plain loop, measured on its own) the
+//! depths so a depth not yet tried is extrapolated rather than assumed bad
+//! (a measured depth's cost leaves the line for its own median as far as the
+//! median's departure stands out of the timing noise: real curves bend, as a
+//! kernel chosen by row count does), and for depth 0 (the pipelined plain loop, measured on its own) the
 //! drafter's catch-up per plain token. Each round takes
 //! `argmax_d E[committed | d] / cost(d)` with
 //! `E[committed | d] = 1 + Σ_{j≤d} Π_{i≤j} a_i` (the bonus or replacement
 //! token always commits), so speculation switches itself off when it does not
 //! pay. Every few rounds it probes a neighbour of the best depth (one deeper,
 //! then one shallower) so stale estimates get refreshed; the interval doubles
-//! while probes leave the choice alone and resets when the choice moves.
+//! while probes leave the choice alone and resets when the choice moves (a
+//! session's next request keeps the interval reached).
 //! Each decision is logged at `debug` level and each round at `trace` level
 //! (target `runner::depth`).
 
@@ -74,6 +77,9 @@ pub(crate) struct Learned {
     acceptance: Acceptance,
     cost: CostModel,
     best: usize,
+    /// The probe interval reached: a settled choice stays settled, rather
+    /// than each request probing again after [`PROBE_MIN`] rounds.
+    probe_every: u64,
 }
 
 /// Why a depth was chosen (logged with each decision).
@@ -122,6 +128,7 @@ impl DepthController {
             d.acceptance = l.acceptance.carried(CARRIED_ACCEPTANCE);
             d.cost = l.cost.clone();
             d.best = l.best;
+            d.probe_every = l.probe_every;
         }
         d
     }
@@ -134,6 +141,7 @@ impl DepthController {
             acceptance: self.acceptance.clone(),
             cost: self.cost.clone(),
             best: self.best,
+            probe_every: self.probe_every,
         })
     }
 

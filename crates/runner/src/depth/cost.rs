@@ -1,6 +1,11 @@
 //! The cost of a round per draft depth: medians of recent wall times, and a
 //! line `c0 + c1·d` through the drafting depths so unseen depths are
-//! extrapolated.
+//! extrapolated. A measured depth's cost is the line moved towards its own
+//! median by as much as the median's departure stands out of the timing
+//! noise (pooled over the depths): the line alone mis-models a curve that
+//! bends (traced on tiny-mtp's CPU rounds, depths 3-5 sit 1-6 ms under the
+//! line through depths 1 and 6, which kept auto off its best depths), and
+//! the median alone chases noise on a depth sampled a few times.
 //!
 //! Depth 0 runs the pipelined plain loop (the next forward is dispatched
 //! before the host reads the current token), so it is its own measurement and
@@ -74,6 +79,20 @@ impl Window {
             .collect();
         middle(v)
     }
+
+    /// The spread of the samples the median keeps, relative to it: 1.4826
+    /// times their median absolute deviation over the median (a standard
+    /// deviation that one stall does not inflate). `None` when empty.
+    pub(crate) fn spread(&self) -> Option<f64> {
+        let m = self.median()?;
+        let dev: Vec<f64> = self
+            .samples
+            .iter()
+            .filter(|&&x| x <= STALL_FACTOR * m)
+            .map(|&x| (x - m).abs())
+            .collect();
+        Some(1.4826 * middle(dev)? / m)
+    }
 }
 
 /// The median of `v` (`None` when empty).
@@ -102,6 +121,14 @@ pub(crate) struct CostModel {
 
 /// Per-catch-up decay of the upkeep sums.
 const UPKEEP_DECAY: f64 = 0.8;
+/// The relative spread of one round's time assumed until some depth holds
+/// [`SPREAD_MIN_SAMPLES`] samples.
+const PRIOR_SPREAD: f64 = 0.3;
+/// How many standard errors (squared) a median's departure from the line
+/// must reach to move the modelled cost half way to it: 2².
+const SIGNIFICANCE: f64 = 4.0;
+/// Samples a depth needs before its spread counts.
+const SPREAD_MIN_SAMPLES: usize = 3;
 /// Samples a depth needs before a catch-up at it is compared with its median.
 const UPKEEP_MIN_SAMPLES: usize = 3;
 
@@ -188,9 +215,44 @@ impl CostModel {
         Some((c0, slope))
     }
 
+    /// The relative spread of one round's wall time (a robust standard
+    /// deviation over the median), pooled over the depths with enough
+    /// samples, weighted by their counts.
+    fn noise(&self) -> f64 {
+        let (sum, n) = self
+            .samples
+            .iter()
+            .filter(|w| w.len() >= SPREAD_MIN_SAMPLES)
+            .filter_map(|w| w.spread().map(|s| (s * w.len() as f64, w.len() as f64)))
+            .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+        if n > 0.0 { sum / n } else { PRIOR_SPREAD }
+    }
+
+    /// A drafting depth's modelled cost: the line, moved towards the
+    /// depth's own median by as much as the median's departure from the
+    /// line stands out of its noise. A departure `δ` against a standard
+    /// error `se` of the median moves it by `δ·δ²/(δ² + 4·se²)`
+    /// ([`SIGNIFICANCE`]): half way at two standard errors. A curve that
+    /// is not a line (kernels chosen by row count, an uneven host) is learnt
+    /// where it is measured, while timing noise on a true line is pooled
+    /// away by the line through every depth.
+    fn bent(&self, d: usize, line: f64, noise: f64) -> f64 {
+        let Some(m) = self.median(d) else {
+            return line;
+        };
+        // The standard error of a median of n samples: √(π/2)·σ/√n.
+        let se = 1.2533 * noise * line / (self.count(d) as f64).sqrt();
+        let delta = m - line;
+        let dd = delta * delta;
+        if dd + se * se == 0.0 {
+            return line;
+        }
+        line + delta * dd / (dd + SIGNIFICANCE * se * se)
+    }
+
     /// The modelled cost of a depth-`depth` round: at 0 the plain median (or
     /// the line's intercept before plain was measured) plus the upkeep, else
-    /// the line.
+    /// the line bent towards the depth's median ([`CostModel::bent`]).
     #[cfg(test)]
     pub(crate) fn cost(&self, depth: usize) -> Option<f64> {
         self.costs().get(depth).copied().flatten()
@@ -199,13 +261,17 @@ impl CostModel {
     /// [`CostModel::cost`] of every depth `0..=max`, fitting the line once.
     pub(crate) fn costs(&self) -> Vec<Option<f64>> {
         let line = self.line();
+        let noise = self.noise();
         (0..self.samples.len())
             .map(|d| match (d, line) {
                 (0, _) => self
                     .median(0)
                     .or(line.map(|l| l.0))
                     .map(|c| c + self.upkeep()),
-                (_, Some((c0, c1))) => Some(c0 + c1 * d as f64),
+                (_, Some((c0, c1))) => {
+                    let line = c0 + c1 * d as f64;
+                    Some(self.bent(d, line, noise))
+                }
                 (_, None) => None,
             })
             .collect()
@@ -311,6 +377,48 @@ mod tests {
             let got = got.unwrap();
             assert!((got - want).abs() < 1e-12, "cost({d}) = {got}, want {want}");
         }
+    }
+
+    /// Depths 1-4 on the line `10 + 2·d` ms with relative jitter `spread`
+    /// (nine evenly spaced offsets in `±spread`, so each median is exact),
+    /// depth `off` moved by the factor `bend`; returns the modelled cost of
+    /// `off` over the fitted line there, and over the depth's median.
+    fn bent_at(off: usize, bend: f64, spread: f64) -> (f64, f64) {
+        let mut c = CostModel::new(6, WINDOW);
+        for i in 0..WINDOW {
+            let u = -1.0 + 2.0 * i as f64 / (WINDOW - 1) as f64;
+            c.observe(0, 0.010);
+            for d in 1..=4 {
+                let f = if d == off { bend } else { 1.0 };
+                c.observe(d, (0.010 + 0.002 * d as f64) * (f + spread * u));
+            }
+        }
+        let (c0, c1) = c.line().unwrap();
+        let cost = c.cost(off).unwrap();
+        (cost / (c0 + c1 * off as f64), cost / c.median(off).unwrap())
+    }
+
+    #[test]
+    fn a_measured_depth_leaves_the_line_as_far_as_it_stands_out_of_the_noise() {
+        // Quiet timings (±1%), depth 4 at 20% over the line: its own median.
+        let (_, to_median) = bent_at(4, 1.2, 0.01);
+        assert!((to_median - 1.0).abs() < 0.01, "{to_median}");
+        // Noisy timings (±30%, a robust spread of 22%), depth 3 at 5% over:
+        // within 1% of the line (the median's standard error is 9%).
+        let (to_line, _) = bent_at(3, 1.05, 0.3);
+        assert!((to_line - 1.0).abs() < 0.01, "{to_line}");
+        // Control: the same 5% with quiet timings is followed.
+        let (to_line, to_median) = bent_at(3, 1.05, 0.01);
+        assert!(
+            to_line > 1.03 && (to_median - 1.0).abs() < 0.01,
+            "{to_line} {to_median}"
+        );
+        // Unmeasured depths stay on the line.
+        let mut c = CostModel::new(6, WINDOW);
+        c.observe(0, 0.010);
+        c.observe(2, 0.015);
+        let (c0, c1) = c.line().unwrap();
+        assert!((c.cost(5).unwrap() - (c0 + 5.0 * c1)).abs() < 1e-15);
     }
 
     #[test]
