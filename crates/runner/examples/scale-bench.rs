@@ -14,7 +14,8 @@
 //! * `kind: "decode"`, per (method, depth): `tokens_per_s` = tokens after each
 //!   run's first ÷ total decode time, over all prompts; `step_ms` (decode time per
 //!   token); `mean_accepted_length`, `acceptance_rate`, `per_position_acceptance`,
-//!   `depth_histogram` summed over the prompts; `greedy_equal_plain` (every
+//!   `depth_histogram` summed over the prompts (and, for auto, `depth_over_time`:
+//!   the drafted depth of every round in order); `greedy_equal_plain` (every
 //!   prompt's tokens equal plain's) and `first_divergence` (`[prompt, token]`);
 //!   `ttft_ms` (mean over the prompts). Plain is `method: "off"`, `depth: 0`.
 //!   `round_costs`: a drafted round's mean wall time and its phases in ms
@@ -353,6 +354,8 @@ fn main() -> Res<()> {
             "acceptance_rate": s.acceptance_rate(),
             "per_position_acceptance": s.per_position_acceptance(),
             "depth_histogram": if speculative { json!(s.depth_histogram()) } else { Value::Null },
+            // The auto controller's depth per round, all prompts in order (drafted tokens).
+            "depth_over_time": if matches!(depth, DepthPolicy::Auto { .. }) { json!(s.depth_over_time) } else { Value::Null },
             "rounds": s.rounds,
             "greedy_equal_plain": if speculative { json!(equal) } else { json!(true) },
             "first_divergence": first.map(|(p, t)| json!([p, t])),
