@@ -100,6 +100,21 @@ fn run() -> Result<(), String> {
             .map(Path::new)
             .find(|d| d.join("libopenblas.so.0").is_file())
     };
+    if !is_macos {
+        // Installing (or removing) OpenBLAS after a build must relink: watch
+        // the library when found, else the folder it would appear in.
+        let watched = match openblas {
+            Some(dir) => dir.join("libopenblas.so.0"),
+            None => OPENBLAS_DIRS
+                .iter()
+                .filter_map(|d| Path::new(d).parent())
+                .find(|p| p.is_dir())
+                .map_or_else(PathBuf::new, Path::to_path_buf),
+        };
+        if !watched.as_os_str().is_empty() {
+            println!("cargo:rerun-if-changed={}", watched.display());
+        }
+    }
 
     let mut build = cxx_build::bridge("src/ffi.rs");
     if openblas.is_some() {

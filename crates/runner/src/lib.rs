@@ -76,6 +76,8 @@ mod finite;
 mod out_dir;
 // Reproducible sampling under a seed (the auto depth's fixed cost model).
 mod seeded;
+// Per-thread measurement switches (kernels, round profiling) read from the environment.
+mod switch;
 // Text utilities with no model state.
 mod detok;
 mod stop;

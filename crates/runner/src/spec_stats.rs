@@ -21,26 +21,19 @@ pub(crate) struct RoundOutcome {
 }
 
 thread_local! {
-    static PROFILE_ROUNDS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    static PROFILE_ROUNDS: crate::switch::Flag = const { std::cell::Cell::new(None) };
 }
 
 /// Makes this thread's later drafted rounds sync per phase, so their
 /// statistics ([`crate::RoundTimes`]) split device time by phase; slower,
 /// for measurement. Default: off, unless `MTP_PROFILE_ROUNDS=1`.
 pub fn set_profile_rounds(on: bool) {
-    PROFILE_ROUNDS.with(|p| p.set(Some(on)));
+    crate::switch::set(&PROFILE_ROUNDS, on);
 }
 
 /// Whether drafted rounds on this thread sync per phase.
 pub(crate) fn profiling_rounds() -> bool {
-    PROFILE_ROUNDS.with(|p| match p.get() {
-        Some(v) => v,
-        None => {
-            let v = std::env::var("MTP_PROFILE_ROUNDS").is_ok_and(|v| v == "1");
-            p.set(Some(v));
-            v
-        }
-    })
+    crate::switch::get(&PROFILE_ROUNDS, "MTP_PROFILE_ROUNDS")
 }
 
 /// Seconds of one drafted round by phase, or summed over rounds.

@@ -212,6 +212,8 @@ fn round<F: FnMut(&str)>(
 /// (`MTP_EARLY_DRAFT_DISPATCH=1`, for measurement; default: the chain is
 /// dispatched with the verify, in the round's one sync).
 fn early_dispatch() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MTP_EARLY_DRAFT_DISPATCH").is_ok_and(|v| v == "1"))
+    thread_local! {
+        static ON: crate::switch::Flag = const { std::cell::Cell::new(None) };
+    }
+    crate::switch::get(&ON, "MTP_EARLY_DRAFT_DISPATCH")
 }

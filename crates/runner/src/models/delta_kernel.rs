@@ -87,27 +87,24 @@ const SOURCE: &str = r#"
 "#;
 
 thread_local! {
-    static ENABLED: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    static ENABLED: crate::switch::Flag = const { std::cell::Cell::new(None) };
 }
 
-/// Turns the kernel on or off for this thread's later forwards (default: on,
-/// unless `MTP_DELTA_KERNEL=0`).
+/// Turns the kernel on or off for this thread's later forwards (default:
+/// off unless `MTP_DELTA_KERNEL=1`: it has not yet run on a GPU, so it stays
+/// opt-in until `verify-probe --delta-check` passes on the device).
 pub fn set_delta_kernel(on: bool) {
-    ENABLED.with(|e| e.set(Some(on)));
+    crate::switch::set(&ENABLED, on);
 }
 
 /// Whether a recurrence with key width `dk` goes to the kernel on this
 /// backend and thread.
 pub(crate) fn applies(dk: i32, dv: i32) -> bool {
-    let enabled = ENABLED.with(|e| match e.get() {
-        Some(v) => v,
-        None => {
-            let v = std::env::var("MTP_DELTA_KERNEL").map_or(true, |v| v != "0");
-            e.set(Some(v));
-            v
-        }
-    });
-    enabled && dk % 32 == 0 && (32..=256).contains(&dk) && dv > 0 && crate::models::sdpa::on_cuda()
+    crate::switch::get(&ENABLED, "MTP_DELTA_KERNEL")
+        && dk % 32 == 0
+        && (32..=256).contains(&dk)
+        && dv > 0
+        && crate::models::sdpa::on_cuda()
 }
 
 /// Runs the recurrence over `q, k: [1, L, Kh, Dk]`, `v: [1, L, Hv, Dv]`,

@@ -67,25 +67,18 @@ const SOURCE: &str = r#"
 
 thread_local! {
     /// `MTP_ROWS_KERNEL=1` turns the kernel on (for measurement).
-    static ENABLED: Cell<Option<bool>> = const { Cell::new(None) };
+    static ENABLED: crate::switch::Flag = const { Cell::new(None) };
 }
 
 /// Turns the few-rows CUDA kernel on or off for this thread's later forwards
 /// (default: off, unless `MTP_ROWS_KERNEL=1`).
 pub fn set_rows_kernel(on: bool) {
-    ENABLED.with(|e| e.set(Some(on)));
+    crate::switch::set(&ENABLED, on);
 }
 
 /// Whether the kernel may be used on this thread.
 pub(crate) fn enabled() -> bool {
-    ENABLED.with(|e| match e.get() {
-        Some(v) => v,
-        None => {
-            let v = std::env::var("MTP_ROWS_KERNEL").is_ok_and(|s| s == "1");
-            e.set(Some(v));
-            v
-        }
-    })
+    crate::switch::get(&ENABLED, "MTP_ROWS_KERNEL")
 }
 
 /// Whether `rows` rows of width `k` in `dtype` go to the kernel on this backend.
