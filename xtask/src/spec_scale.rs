@@ -342,6 +342,15 @@ fn run_with(o: &Opts, device: &Value) -> Result<Vec<Value>> {
                 continue;
             }
         };
+        if !on_gpu && let Some(why) = too_big_for_memory(&model, st.dtype) {
+            eprintln!(
+                "xtask: spec-scale: {} {} {}: skipped: {why}",
+                st.shape, st.dtype, st.engine
+            );
+            sink.push(json!({"bench": "spec-scale", "kind": "skipped", "shape": st.shape, "dtype": st.dtype,
+                             "engine": engine_name(st.engine), "reason": why}))?;
+            continue;
+        }
         let tokens = if st.shape == "8b" && st.dtype == "f32" {
             o.tokens / 2
         } else {
@@ -416,6 +425,80 @@ fn run_with(o: &Opts, device: &Value) -> Result<Vec<Value>> {
         start.elapsed().as_secs_f64()
     );
     Ok(sink.rows)
+}
+
+/// Why the weights of `model` in `dtype` would not fit this machine's
+/// available memory (`/proc/meminfo`; no check where it is absent), or `None`.
+fn too_big_for_memory(model: &Path, dtype: &str) -> Option<String> {
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| mem_available(&m))?;
+    let elements = match weight_elements(model) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("xtask: spec-scale: sizing {}: {e:#}", model.display());
+            return None;
+        }
+    };
+    let size = if dtype == "f32" { 4 } else { 2 };
+    does_not_fit(elements * size, available, dtype)
+}
+
+/// The verdict of [`too_big_for_memory`]: the weights need at most 90 % of
+/// the available memory (the caches, the process and the OS take the rest).
+fn does_not_fit(needed: u64, available: u64, dtype: &str) -> Option<String> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    (needed as f64 > 0.9 * available as f64).then(|| {
+        format!(
+            "its weights need {:.1} GiB in {dtype} and {:.1} GiB of memory is available \
+             (run it on a machine with more memory, or in bf16 with --dtypes bf16)",
+            gib(needed),
+            gib(available)
+        )
+    })
+}
+
+/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
+fn mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The number of weight elements in the `*.safetensors` files of `dir`,
+/// from their headers alone (the upscales are mostly file holes).
+fn weight_elements(dir: &Path) -> Result<u64> {
+    let mut total = 0u64;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.extension().is_none_or(|e| e != "safetensors") {
+            continue;
+        }
+        let mut f =
+            std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        let mut len = [0u8; 8];
+        std::io::Read::read_exact(&mut f, &mut len)
+            .with_context(|| format!("{}: no safetensors header", path.display()))?;
+        let len = u64::from_le_bytes(len);
+        if len > 100 << 20 {
+            bail!("{}: a {len}-byte header is not safetensors", path.display());
+        }
+        let mut header = vec![0u8; len as usize];
+        std::io::Read::read_exact(&mut f, &mut header)
+            .with_context(|| format!("{}: truncated safetensors header", path.display()))?;
+        let header: serde_json::Map<String, Value> = serde_json::from_slice(&header)
+            .with_context(|| format!("{}: the safetensors header is not JSON", path.display()))?;
+        for (name, t) in header.iter().filter(|(k, _)| *k != "__metadata__") {
+            let shape = t["shape"]
+                .as_array()
+                .with_context(|| format!("{}: tensor {name} has no shape", path.display()))?;
+            total += shape
+                .iter()
+                .map(|d| d.as_u64().unwrap_or(0))
+                .product::<u64>();
+        }
+    }
+    Ok(total)
 }
 
 fn engine_name(e: &str) -> &'static str {
@@ -592,6 +675,48 @@ mod tests {
             .map(|s| format!("{}/{}", s.shape, s.dtype))
             .collect();
         assert_eq!(got, ["1.7b/bf16", "8b/bf16", "1.7b/f32", "8b/f32"]);
+    }
+
+    #[test]
+    fn a_shape_too_big_for_memory_is_named_with_its_sizes() {
+        let meminfo =
+            "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20971520 kB\n";
+        let avail = mem_available(meminfo).unwrap();
+        assert_eq!(avail, 20 << 30);
+        // 6.6 B parameters in f32 (the moe shape) do not fit 20 GiB; in bf16 they do.
+        let why = does_not_fit(6_600_000_000 * 4, avail, "f32").unwrap();
+        assert!(
+            why.contains("24.6 GiB in f32") && why.contains("20.0 GiB"),
+            "{why}"
+        );
+        assert!(does_not_fit(6_600_000_000 * 2, avail, "bf16").is_none());
+        assert_eq!(mem_available("MemTotal: 1 kB\n"), None);
+
+        // Element counts come from the headers, over every shard.
+        let dir = std::env::temp_dir().join(format!("mtp-spec-scale-size-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let shard = |name: &str, json: &str| {
+            let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+            bytes.extend_from_slice(json.as_bytes());
+            std::fs::write(dir.join(name), bytes).unwrap();
+        };
+        shard(
+            "a.safetensors",
+            r#"{"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[3,4],"data_offsets":[0,48]}}"#,
+        );
+        shard(
+            "b.safetensors",
+            r#"{"v":{"dtype":"BF16","shape":[5],"data_offsets":[0,10]}}"#,
+        );
+        std::fs::write(dir.join("config.json"), "{}").unwrap();
+        assert_eq!(weight_elements(&dir).unwrap(), 17);
+        shard("c.safetensors", "not json");
+        let err = format!("{:#}", weight_elements(&dir).unwrap_err());
+        assert!(
+            err.contains("c.safetensors") && err.contains("not JSON"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
