@@ -250,6 +250,7 @@ ArrPtr binary(const Arr& x, const Arr& y, BinaryOp op) {
     case BinaryOp::LogicalOr: return wrap(mx::logical_or(a, b));
     case BinaryOp::FloorDivide: return wrap(mx::floor_divide(a, b));
     case BinaryOp::Remainder: return wrap(mx::remainder(a, b));
+    case BinaryOp::LogAddExp: return wrap(mx::logaddexp(a, b));
     default: throw std::invalid_argument("unknown binary op " + std::to_string(static_cast<int>(op)));
   }
 }

@@ -79,6 +79,7 @@ pub(crate) mod sys {
         LogicalOr,
         FloorDivide,
         Remainder,
+        LogAddExp,
     }
 
     /// Reductions over axes (`reduce`).

@@ -113,6 +113,9 @@ binary_ops! {
     floor_divide = FloorDivide;
     /// Element-wise remainder.
     remainder = Remainder;
+    /// Element-wise `ln(eˣ + eʸ)`, without overflow (one node: `softplus(x)` is
+    /// `logaddexp(x, 0)`).
+    logaddexp = LogAddExp;
 }
 
 impl Array {

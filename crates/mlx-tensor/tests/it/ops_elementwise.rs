@@ -77,6 +77,21 @@ fn binary_ops_broadcast() {
         &[1.0, 0.0, 1.0, 0.0, 1.0, 0.0],
         TOL,
     );
+    // ln(e^a + e^c), and softplus as logaddexp(x, 0) where e^x overflows f32.
+    let want: Vec<f32> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]
+        .iter()
+        .map(|&x| (x.exp() + 2.0f32.exp()).ln())
+        .collect();
+    check("logaddexp", a.logaddexp(&c), &s, &want, 1e-5);
+    let big = arr(&[-200.0, 0.0, 200.0], &[3]);
+    let zero = arr(&[0.0], &[1]);
+    check(
+        "softplus via logaddexp",
+        big.logaddexp(&zero),
+        &[3],
+        &[0.0, std::f32::consts::LN_2, 200.0],
+        1e-5,
+    );
     // A column [2, 1] against a row [1, 3] gives the outer sum.
     let col = arr(&[1.0, 2.0], &[2, 1]);
     let row = arr(&[10.0, 20.0, 30.0], &[1, 3]);

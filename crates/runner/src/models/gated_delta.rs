@@ -35,8 +35,13 @@ pub(crate) struct GatedDeltaNet {
     in_z: Linear,
     in_b: Linear,
     in_a: Linear,
-    /// `[K, C]`: tap `j` of every channel's causal filter.
-    conv: Array,
+    /// `[1, 1, C]` each: tap `j` of every channel's causal filter, split
+    /// once at load so a forward reads them without slicing or broadcasting.
+    taps: Vec<Array>,
+    /// `[Dk]` filled with `Dk^-1` and `Dk^-1/2`: the RMSNorm weights that
+    /// L2-normalise q (with the readout scale folded in) and k in one node.
+    q_scale: Array,
+    k_scale: Array,
     /// `-exp(A_log)`, float32 `[Hv]`.
     neg_a: Array,
     /// `[Hv]`.
@@ -90,10 +95,18 @@ impl GatedDeltaNet {
             [conv_dim, 1, k]
         };
         let conv = vb.take("conv1d.weight", &stored)?;
-        let conv = conv
-            .reshape(&[conv_dim as i32, k as i32])?
-            .t()?
-            .contiguous()?;
+        let conv = conv.reshape(&[conv_dim as i32, k as i32])?.t()?;
+        let taps = (0..k as i32)
+            .map(|j| {
+                conv.slice_axis(0, j, j + 1)?
+                    .reshape(&[1, 1, conv_dim as i32])?
+                    .contiguous()
+            })
+            .collect::<mlx_tensor::Result<Vec<_>>>()?;
+        let dk = h.key_head_dim;
+        let inv = 1.0 / (dk as f32).sqrt();
+        let filled = |v: f32| ops::full(&[dk as i32], v, conv.dtype());
+        let (q_scale, k_scale) = (filled(inv * inv)?, filled(inv)?);
         let vh = [h.value_heads];
         let a_log = vb.take("A_log", &vh)?;
         let neg_a = a_log.as_type(Dtype::Float32)?.exp()?.negative()?;
@@ -105,7 +118,9 @@ impl GatedDeltaNet {
             in_z,
             in_b,
             in_a,
-            conv,
+            taps,
+            q_scale,
+            k_scale,
             neg_a,
             dt_bias,
             norm,
@@ -150,9 +165,8 @@ impl GatedDeltaNet {
         let tail = cache.conv_or_zeros(&[1, k1, cd], x.dtype())?;
         let conv_in = ops::concatenate(&[tail, qkv], 1)?;
         let mut acc: Option<Array> = None;
-        for j in 0..self.kernel {
-            let tap = self.conv.slice_axis(0, j, j + 1)?;
-            let term = conv_in.slice_axis(1, j, j + l)?.multiply(&tap)?;
+        for (j, tap) in (0..self.kernel).zip(&self.taps) {
+            let term = conv_in.slice_axis(1, j, j + l)?.multiply(tap)?;
             acc = Some(match acc {
                 None => term,
                 Some(s) => s.add(&term)?,
@@ -172,8 +186,8 @@ impl GatedDeltaNet {
         // the readout scale Dk^-1/2 folded into q).
         let inv = 1.0 / (dk as f32).sqrt();
         let rms_eps = 1e-6 * inv * inv;
-        let q = fast::rms_norm(&q, None, rms_eps)?.multiply(&scalar(inv * inv, q.dtype())?)?;
-        let k = fast::rms_norm(&k, None, rms_eps)?.multiply(&scalar(inv, k.dtype())?)?;
+        let q = fast::rms_norm(&q, Some(&self.q_scale.as_type(q.dtype())?), rms_eps)?;
+        let k = fast::rms_norm(&k, Some(&self.k_scale.as_type(k.dtype())?), rms_eps)?;
         let beta = b.sigmoid()?;
         let g = softplus(&a.add(&self.dt_bias)?)?
             .as_type(Dtype::Float32)?
@@ -209,7 +223,14 @@ impl GatedDeltaNet {
         let (q, k) = (repeat_heads(&q, vh / kh)?, repeat_heads(&k, vh / kh)?);
         let mut ys = Vec::with_capacity(l as usize);
         for t in 0..l {
-            let at = |x: &Array| x.slice_axis(1, t, t + 1);
+            // One position (a decode step) reads the arrays whole.
+            let at = |x: &Array| {
+                if l == 1 {
+                    Ok(x.clone())
+                } else {
+                    x.slice_axis(1, t, t + 1)
+                }
+            };
             let qt = at(&q)?.reshape(&[1, vh, 1, dk])?;
             let kt = at(&k)?.reshape(&[1, vh, 1, dk])?;
             let vt = at(&v)?.reshape(&[1, vh, dv])?;
@@ -230,7 +251,11 @@ impl GatedDeltaNet {
         let conv_tail = conv_in.slice_axis(1, l, l + k1)?.contiguous()?;
         cache.update(conv_tail, state, l as usize)?;
 
-        let y = ops::stack(&ys, 1)?; // [1, L, Hv, Dv]
+        let y = if l == 1 {
+            ys[0].reshape(&[1, 1, vh, dv])?
+        } else {
+            ops::stack(&ys, 1)? // [1, L, Hv, Dv]
+        };
         self.readout(&y, &z, x.dtype())
     }
 
@@ -254,8 +279,10 @@ impl GatedDeltaNet {
             .iter()
             .flat_map(|l| l.arrays())
             .collect();
+        v.extend(self.taps.iter().cloned());
         v.extend([
-            self.conv.clone(),
+            self.q_scale.clone(),
+            self.k_scale.clone(),
             self.neg_a.clone(),
             self.dt_bias.clone(),
             self.norm.clone(),
@@ -389,13 +416,10 @@ fn scalar(v: f32, dtype: Dtype) -> mlx_tensor::Result<Array> {
     Array::scalar(v, dtype)
 }
 
-/// `log(1 + exp(x))`, computed as `max(x, 0) + log(1 + exp(-|x|))` so it
-/// neither overflows nor loses large inputs (mlx's `logaddexp(x, 0)`).
+/// `log(1 + exp(x))` as `logaddexp(x, 0)` (one node; it neither overflows
+/// nor loses large inputs).
 fn softplus(x: &Array) -> Result<Array> {
-    let zero = scalar(0.0, x.dtype())?;
-    let one = scalar(1.0, x.dtype())?;
-    let tail = x.abs()?.negative()?.exp()?.add(&one)?.log()?;
-    Ok(x.maximum(&zero)?.add(&tail)?)
+    Ok(x.logaddexp(&scalar(0.0, x.dtype())?)?)
 }
 
 /// `[1, L, Hk, D]` → `[1, L, Hk·r, D]`, each head repeated `r` times in place
