@@ -377,6 +377,9 @@ std::unique_ptr<ArrList> cuda_kernel(rust::Str name, rust::Str source, rust::Sli
   if (out_ranks.size() != output_names.size() || out_dtypes.size() != output_names.size())
     throw std::invalid_argument("cuda_kernel: one shape and one dtype per output");
   if (tmpl_names.size() != tmpl_values.size()) throw std::invalid_argument("cuda_kernel: one value per template name");
+  if (inputs.items.size() != input_names.size())
+    throw std::invalid_argument("cuda_kernel: " + std::to_string(input_names.size()) + " input names but " +
+                                std::to_string(inputs.items.size()) + " inputs");
   std::vector<std::string> in_names, out_names;
   for (auto& n : input_names) in_names.emplace_back(std::string(n));
   for (auto& n : output_names) out_names.emplace_back(std::string(n));

@@ -231,3 +231,24 @@ fn sdpa_in_bf16_is_close_to_f32() {
     // bf16 keeps 8 significant bits: 2^-8 relative on values below 1, plus rounding of the inputs.
     assert_close("bf16 sdpa", &got.to_vec::<f32>().unwrap(), &want, 2e-2);
 }
+
+#[test]
+fn a_cuda_kernel_called_with_the_wrong_number_of_inputs_is_an_error_naming_both() {
+    use mlx_tensor::fast::{CudaKernel, CudaLaunch};
+    let kernel = CudaKernel {
+        name: "mtp_test_two_inputs",
+        source: "out[0] = a[0] + b[0];",
+        inputs: &["a", "b"],
+        outputs: &["out"],
+        row_contiguous: true,
+    };
+    let launch = CudaLaunch {
+        outputs: &[(&[1], Dtype::Float32)],
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        templates: &[],
+    };
+    let a = Array::from_slice(&[1.0f32], &[1]).unwrap();
+    let err = kernel.apply(&[&a], &launch).unwrap_err().to_string();
+    assert!(err.contains("2 input names but 1 inputs"), "{err}");
+}
