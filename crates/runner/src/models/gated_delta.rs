@@ -194,6 +194,12 @@ impl GatedDeltaNet {
             .multiply(&self.neg_a)?
             .exp()?;
 
+        // The recurrence runs in f32: cast its inputs once here, not per
+        // position (in bf16 each mixed-dtype product would add a cast node
+        // per position and layer; the values are the same, as a cast to f32
+        // is exact).
+        let f32 = |a: &Array| a.as_type(Dtype::Float32);
+        let (q, k, v, beta) = (f32(&q)?, f32(&k)?, f32(&v)?, f32(&beta)?);
         let mut state = cache.recurrent_or_zeros(&[1, vh, dv, dk], Dtype::Float32)?;
         let start = cache.offset();
         let splits = cache.splits(l as usize);
