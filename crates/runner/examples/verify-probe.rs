@@ -57,6 +57,18 @@ fn shape(name: &str) -> Option<Fixture> {
 }
 
 /// Milliseconds of one evaluated forward of `ids` at the caches' offset.
+/// The largest `|want|` and the largest `|want - got|` (a NaN difference is
+/// passed over, as `f32::max` does; callers check `got`'s length and finiteness).
+fn range_and_diff(want: &[f32], got: &[f32]) -> (f32, f32) {
+    let range = want.iter().fold(0.0f32, |a, x| a.max(x.abs()));
+    let diff = want
+        .iter()
+        .zip(got)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    (range, diff)
+}
+
 fn timed(m: &dyn Model, caches: &mut [Box<dyn kvcache::Cache>], ids: &[u32]) -> f64 {
     let t = Array::from_slice(ids, &[ids.len() as i32]).expect("tokens");
     let start = Instant::now();
@@ -216,12 +228,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let want = lin.forward(&x)?.as_type(Dtype::Float32)?.to_vec::<f32>()?;
             set_rows_kernel(true);
             let got = lin.forward(&x)?.as_type(Dtype::Float32)?.to_vec::<f32>()?;
-            let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-            let diff = want
-                .iter()
-                .zip(&got)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
+            let (scale, diff) = range_and_diff(&want, &got);
             println!(
                 "{}",
                 json!({"probe":"rows-kernel-unit","n":n,"k":k,"rows":rows,"max_abs_diff":diff,"max_abs":scale,
@@ -241,13 +248,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let logits = m.unembed(&m.forward(&t, &mut caches)?)?.to_vec::<f32>()?;
             out.push((median(times), logits));
         }
-        let range = out[0].1.iter().fold(0.0f32, |a, x| a.max(x.abs()));
-        let diff = out[0]
-            .1
-            .iter()
-            .zip(&out[1].1)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let (range, diff) = range_and_diff(&out[0].1, &out[1].1);
         println!(
             "{}",
             json!({"probe":"rows-kernel","dtype":dt,"rows":rows,"cublas_ms":out[0].0,"kernel_ms":out[1].0,
@@ -297,12 +298,7 @@ fn short_attention_unit() -> Result<f32, Box<dyn std::error::Error>> {
             .and_then(|y| Ok(y.as_type(Dtype::Float32)?.to_vec::<f32>()?))
         {
             Ok(got) => {
-                let range = want.iter().fold(0.0f32, |a, x| a.max(x.abs()));
-                let diff = want
-                    .iter()
-                    .zip(&got)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0f32, f32::max);
+                let (range, diff) = range_and_diff(&want, &got);
                 if got.len() == want.len() && diff.is_finite() {
                     diff / range.max(1e-30)
                 } else {
@@ -355,16 +351,9 @@ fn delta_check(dir: &std::path::Path) -> Result<f32, Box<dyn std::error::Error>>
             logits[i].push(model.unembed(&h)?.to_vec::<f32>()?);
         }
     }
-    set_delta_kernel(true);
     let mut worst = 0.0f32;
     for (j, name) in ["prefill-40", "verify-5", "step-1"].iter().enumerate() {
-        let (a, b) = (&logits[0][j], &logits[1][j]);
-        let range = a.iter().fold(0.0f32, |r, x| r.max(x.abs()));
-        let diff = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0f32, f32::max);
+        let (range, diff) = range_and_diff(&logits[0][j], &logits[1][j]);
         let rel = if diff.is_finite() {
             diff / range.max(1e-30)
         } else {

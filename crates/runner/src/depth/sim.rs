@@ -472,16 +472,32 @@ fn session_throughput(
     tokens as f64 / seconds
 }
 
-/// Auto's throughput over the best fixed depth's (`0..=6`) on `sim`, and that depth.
-fn auto_over_best_fixed(sim: &Sim, requests: u64, rounds: usize, seeds: u64) -> (f64, usize) {
-    let auto = session_throughput(sim, DepthPolicy::default(), requests, rounds, seeds);
-    let (best, fixed) = (0..=6)
-        .map(|k| {
-            let t = session_throughput(sim, DepthPolicy::Fixed(k), requests, rounds, seeds);
-            (k, t)
-        })
-        .fold((0, 0.0), |b, x| if x.1 > b.1 { x } else { b });
-    (auto / fixed, best)
+/// Auto's session throughput on a simulation and every fixed depth's on the
+/// same seeds, each simulated once.
+struct Versus {
+    auto: f64,
+    /// `fixed[k]`: depth `k` (`0..=6`; 0 is plain).
+    fixed: Vec<f64>,
+}
+
+impl Versus {
+    fn new(sim: &Sim, requests: u64, rounds: usize, seeds: u64) -> Versus {
+        let run = |p| session_throughput(sim, p, requests, rounds, seeds);
+        Versus {
+            auto: run(DepthPolicy::default()),
+            fixed: (0..=6).map(|k| run(DepthPolicy::Fixed(k))).collect(),
+        }
+    }
+
+    /// The best fixed depth.
+    fn best(&self) -> usize {
+        (0..self.fixed.len()).fold(0, |b, k| if self.fixed[k] > self.fixed[b] { k } else { b })
+    }
+
+    /// Auto's throughput over the best fixed depth's.
+    fn ratio(&self) -> f64 {
+        self.auto / self.fixed[self.best()]
+    }
 }
 
 /// Modelled on tiny-mtp (f32) on the shared 2-core CPU, from the traces of
@@ -528,16 +544,16 @@ fn a_cost_curve_that_is_not_a_line_is_learnt_where_measured() {
     // Control: on each curve some fixed depth is over 5% off the best, so
     // the curve's shape matters.
     for sim in [tiny_mtp_cpu_traced(0.3), gpu_8b_bf16_bent(0.1)] {
-        let (ratio, best) = auto_over_best_fixed(&sim, 3, 80, 10);
+        let v = Versus::new(&sim, 3, 80, 10);
+        let (ratio, best) = (v.ratio(), v.best());
         assert_eq!(best, sim.best(), "{sim:?}");
         assert!(
             ratio >= 0.965,
             "auto at {ratio:.3} of fixed depth {best}: {sim:?}"
         );
-        let fixed = |k| session_throughput(&sim, DepthPolicy::Fixed(k), 3, 80, 10);
-        let top = fixed(best);
+        let top = v.fixed[best];
         assert!(
-            (1..=6).any(|k| fixed(k) < 0.95 * top),
+            (1..=6).any(|k| v.fixed[k] < 0.95 * top),
             "control: every depth within 5% of {best}: {sim:?}"
         );
     }
@@ -570,9 +586,8 @@ fn a_depth_that_loses_alone_does_not_hide_deeper_ones_that_pay() {
     // of depth 3 and 1.15x plain when written).
     let sim = gpu_moe_bf16(0.1);
     assert_eq!(sim.best(), 3, "{sim:?}");
-    let (ratio, best) = auto_over_best_fixed(&sim, 3, 80, 10);
-    let plain = session_throughput(&sim, DepthPolicy::Fixed(0), 3, 80, 10);
-    let auto = session_throughput(&sim, DepthPolicy::default(), 3, 80, 10);
+    let v = Versus::new(&sim, 3, 80, 10);
+    let (ratio, best, auto, plain) = (v.ratio(), v.best(), v.auto, v.fixed[0]);
     assert!(
         ratio >= 0.95 && auto >= plain,
         "auto at {ratio:.3} of fixed depth {best}, {:.3} of plain: {sim:?}",
