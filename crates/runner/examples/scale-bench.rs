@@ -49,6 +49,18 @@ mod host;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
+/// Environment switches of ours and of MLX's CUDA backend that change what a
+/// run measures (docs/gpu.md names each).
+const SWITCHES: &[&str] = &[
+    "MTP_DELTA_KERNEL",
+    "MTP_EARLY_DRAFT_DISPATCH",
+    "MTP_ROWS_KERNEL",
+    "MTP_READ_CONTIGUOUS",
+    "MTP_ATTENTION",
+    "MLX_CUDA_GRAPH_CACHE_SIZE",
+    "MLX_CUDA_USE_CUDNN_SDPA",
+];
+
 fn emit(line: &Value) -> Res<()> {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
@@ -252,8 +264,14 @@ fn main() -> Res<()> {
         .filter(|s| !s.trim().is_empty())
         .map(|s| s.trim().parse::<usize>())
         .collect::<Result<_, _>>()?;
-    let base =
-        json!({"bench": "spec-scale", "engine": "mtp-runner", "shape": shape, "dtype": dtype_name});
+    // The measurement switches this run was started with, on every row, so a
+    // row says which kernels and paths it measured.
+    let switches: serde_json::Map<String, Value> = SWITCHES
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), json!(v))))
+        .collect();
+    let base = json!({"bench": "spec-scale", "engine": "mtp-runner", "shape": shape,
+                      "dtype": dtype_name, "switches": switches});
     let row = |extra: Value| {
         let mut r = base.clone();
         if let (Value::Object(r), Value::Object(e)) = (&mut r, extra) {
