@@ -59,6 +59,8 @@ const SWITCHES: &[&str] = &[
     "MTP_ATTENTION",
     "MLX_CUDA_GRAPH_CACHE_SIZE",
     "MLX_CUDA_USE_CUDNN_SDPA",
+    "MLX_USE_CUDA_GRAPHS",
+    "MLX_MAX_OPS_PER_BUFFER",
 ];
 
 fn emit(line: &Value) -> Res<()> {
