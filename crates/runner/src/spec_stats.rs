@@ -33,7 +33,7 @@ pub fn set_profile_rounds(on: bool) {
 
 /// Whether drafted rounds on this thread sync per phase.
 pub(crate) fn profiling_rounds() -> bool {
-    crate::switch::get(&PROFILE_ROUNDS, "MTP_PROFILE_ROUNDS")
+    crate::switch::get(&PROFILE_ROUNDS, "MTP_PROFILE_ROUNDS", false)
 }
 
 /// Seconds of one drafted round by phase, or summed over rounds.

@@ -208,12 +208,13 @@ fn round<F: FnMut(&str)>(
     })
 }
 
-/// Whether a round hands its draft chain to MLX as soon as it is built
-/// (`MTP_EARLY_DRAFT_DISPATCH=1`, for measurement; default: the chain is
-/// dispatched with the verify, in the round's one sync).
+/// Whether a round hands its draft chain to MLX as soon as it is built, so
+/// the device runs it while the host builds the verify (default on;
+/// `MTP_EARLY_DRAFT_DISPATCH=0` dispatches it with the verify instead). The
+/// round still has one sync: an `async_eval` does not wait.
 fn early_dispatch() -> bool {
     thread_local! {
         static ON: crate::switch::Flag = const { std::cell::Cell::new(None) };
     }
-    crate::switch::get(&ON, "MTP_EARLY_DRAFT_DISPATCH")
+    crate::switch::get(&ON, "MTP_EARLY_DRAFT_DISPATCH", true)
 }

@@ -78,7 +78,7 @@ pub fn set_rows_kernel(on: bool) {
 
 /// Whether the kernel may be used on this thread.
 pub(crate) fn enabled() -> bool {
-    crate::switch::get(&ENABLED, "MTP_ROWS_KERNEL")
+    crate::switch::get(&ENABLED, "MTP_ROWS_KERNEL", false)
 }
 
 /// Whether `rows` rows of width `k` in `dtype` go to the kernel on this backend.
