@@ -1,7 +1,8 @@
 //! Per-thread on/off switches for measurement (kernels, profiling): set
 //! explicitly on a thread, else read once per thread from an environment
-//! variable, where `1` turns the switch on and `0` off; unset (or any other
-//! value) leaves the switch's default.
+//! variable, where `1` turns the switch on and `0` off; unset leaves the
+//! switch's default, and any other value keeps it with a warning naming the
+//! variable.
 
 use std::cell::Cell;
 use std::thread::LocalKey;
@@ -16,15 +17,30 @@ pub(crate) fn get(key: &'static LocalKey<Flag>, var: &str, default: bool) -> boo
     key.with(|c| match c.get() {
         Some(v) => v,
         None => {
-            let v = match std::env::var(var).as_deref() {
-                Ok("1") => true,
-                Ok("0") => false,
-                _ => default,
-            };
+            let raw = std::env::var(var).ok();
+            let v = value(raw.as_deref(), default).unwrap_or_else(|| {
+                tracing::warn!(
+                    variable = var,
+                    value = raw.as_deref().unwrap_or_default(),
+                    "not 0 or 1: the switch keeps its default ({default}); set it to 0 or 1"
+                );
+                default
+            });
             c.set(Some(v));
             v
         }
     })
+}
+
+/// A switch's value from its variable: `1` on, `0` off, unset the default;
+/// `None` for any other value (the caller warns and keeps the default).
+fn value(raw: Option<&str>, default: bool) -> Option<bool> {
+    match raw {
+        None => Some(default),
+        Some("1") => Some(true),
+        Some("0") => Some(false),
+        Some(_) => None,
+    }
 }
 
 /// Sets the switch on this thread, over its environment variable.
@@ -38,6 +54,16 @@ mod tests {
 
     thread_local! {
         static PROBE: Flag = const { Cell::new(None) };
+    }
+
+    #[test]
+    fn a_variable_is_one_zero_or_unset_and_anything_else_is_refused() {
+        assert_eq!(value(None, true), Some(true));
+        assert_eq!(value(None, false), Some(false));
+        assert_eq!(value(Some("1"), false), Some(true));
+        assert_eq!(value(Some("0"), true), Some(false));
+        assert_eq!(value(Some("off"), true), None);
+        assert_eq!(value(Some(""), false), None);
     }
 
     #[test]
