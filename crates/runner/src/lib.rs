@@ -109,7 +109,7 @@ pub use models::Model;
 pub use models::delta_kernel::set_delta_kernel;
 pub use models::layers::LinearLayout;
 pub use models::sdpa::{AttentionPath, attention_path, set_attention_path};
-pub use models::skinny::set_rows_kernel;
+pub use models::skinny::{set_rows_kernel, set_rows_kernel_one_row};
 pub use prefix::{PrefixCache, Reuse, ReuseSource};
 pub use quantize::{QuantizeOptions, QuantizeReport, quantize_folder, quantize_folder_cancellable};
 /// The sampler crate, re-exported for callers that build options.

@@ -315,14 +315,15 @@ fn batched_view(wt: &Array) -> mlx_tensor::Result<Option<Array>> {
     Ok(Some(wt.expand_dims(&[0])?))
 }
 
-/// The row count of `x` `[..., in]` when the CUDA few-rows kernel takes it (2..=8 rows).
+/// The row count of `x` `[..., in]` when the CUDA few-rows kernel takes its
+/// product with `w` `[out, in]` (`models/skinny.rs`).
 fn few_rows(x: &Array, w: &Array) -> Option<i32> {
     let k = x.dim(-1);
-    if x.ndim() == 0 || k <= 0 || x.dtype() != w.dtype() {
+    if x.ndim() == 0 || k <= 0 || x.dtype() != w.dtype() || w.ndim() != 2 || w.dim(1) != k {
         return None;
     }
-    let rows = (x.size() / k as usize) as i32;
-    skinny::applies(rows, k, x.dtype()).then_some(rows)
+    let rows = i32::try_from(x.size() / k as usize).ok()?;
+    skinny::applies(rows, w.dim(0), k, x.dtype()).then_some(rows)
 }
 
 /// True when `x` `[..., in]` holds a single row.

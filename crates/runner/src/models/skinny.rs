@@ -1,16 +1,31 @@
-//! `x @ W.T` for a few rows of `x` on CUDA, reading the weight once: off
-//! by default, kept for measurement (`MTP_ROWS_KERNEL=1`).
+//! `x @ W.T` for a few rows of `x` on CUDA, reading each weight byte once
+//! for all rows, on the tensor cores (`MTP_ROWS_KERNEL=1` turns it on).
 //!
 //! Why it exists: MLX 0.32's CUDA matmul has its own GEMV kernel for one row
 //! and sends two or more rows to cuBLASLt, whose GEMM for 2–8 rows of a
-//! decoder-sized bf16 weight once cost about twice the one-row kernel on an
-//! H200. The kernel below gives each warp one output feature: its 32 lanes
-//! stream that weight row in 16-byte loads and keep one f32 sum per input row.
-//! Why it is off: measured again with every other round cost cut (fused
-//! layers, short-query attention; `examples/verify-probe.rs`, 8B shape bf16,
-//! one call), a synced verify of 2 / 3 / 4 / 5 rows took 10.2 / 11.1 / 11.7 /
-//! 13.0 ms with it and 10.4 / 10.2 / 10.1 / 10.3 ms with cuBLAS: it re-reads
-//! every input row per weight chunk, so it falls behind from three rows on.
+//! decoder-sized bf16 weight reads the weight well below the GEMV's rate: at
+//! the 8B shape on an H200 a synced verify of 5 rows cost 10.8 ms against
+//! 6.85 ms for a one-row step (docs/gpu.md, session 8), and a verify is
+//! almost all weight reads.
+//!
+//! How: a warp computes 16 output features for all rows (up to 8) with
+//! `mma.sync.m16n8k16` (bf16 in, f32 accumulate): the 16 weight rows are the
+//! MMA's A operand, the input rows its B operand (rows past `ROWS` are
+//! zeros). The sum over `k` does not care in which order the 16 `k` slots of
+//! one MMA are filled, so each lane loads 8 consecutive weights (16 bytes)
+//! of its two weight rows and 8 of its input row and feeds them to two MMAs
+//! (slots {2t, 2t+1, 2t+8, 2t+9} ← k = 8t..8t+3 and 8t+4..8t+7): every load
+//! is a full 16-byte vector and a warp's load covers 64 contiguous bytes of
+//! each of its 16 weight rows. The `WARPS` warps of a block split `K`
+//! (interleaved 32-wide chunks, four chunks' twelve 16-byte loads in flight
+//! per lane) and
+//! add their partial sums in shared memory.
+//!
+//! The first kernel here (one warp per output feature, f32 FMAs, each lane
+//! re-reading every input row from L1 per weight vector) lost to cuBLAS from
+//! three rows on (8B verify, 2/3/4/5 rows: 10.2 / 11.1 / 11.7 / 13.0 ms
+//! against 10.4 / 10.2 / 10.1 / 10.3): its L1 traffic for the inputs grew
+//! with the rows. Here the inputs are read once per 16 features.
 
 use std::cell::Cell;
 
@@ -19,11 +34,17 @@ use mlx_tensor::{Array, Dtype};
 
 use crate::error::Result;
 
-/// The most rows the kernel takes (one f32 accumulator each per lane).
+/// The most rows the kernel takes (the MMA's eight B columns).
 pub(crate) const MAX_ROWS: i32 = 8;
 
+/// Output features per block (the MMA's sixteen A rows).
+const FEATURES: i32 = 16;
+
+/// Input features per chunk (two MMAs of 16).
+const CHUNK: i32 = 32;
+
 const KERNEL: CudaKernel<'static> = CudaKernel {
-    name: "mtp_rows_matmul_t",
+    name: "mtp_rows_mma_t",
     source: SOURCE,
     inputs: &["x", "w"],
     outputs: &["y"],
@@ -31,74 +52,134 @@ const KERNEL: CudaKernel<'static> = CudaKernel {
 };
 
 /// `y[m, n] = Σ_k x[m, k] · w[n, k]` for `ROWS` rows; `x`, `w` bf16,
-/// `K % 8 == 0`. One warp per `n`; lane `l` reads `w[n, 8l + 256j ..]`.
+/// `K % 32 == 0`, `N % 16 == 0`; one block of `WARPS` warps per 16 features.
+/// Lane (g, t) = (lane / 4, lane % 4) holds weight rows n0 + g and
+/// n0 + g + 8 and input row g; its accumulators are y[2t, n0 + g],
+/// y[2t + 1, n0 + g], y[2t, n0 + g + 8], y[2t + 1, n0 + g + 8].
 const SOURCE: &str = r#"
   const int K = w_shape[1];
   const int N = w_shape[0];
+  const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
-  const int n = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  if (n >= N) return;
-  float acc[ROWS];
-  #pragma unroll
-  for (int m = 0; m < ROWS; ++m) acc[m] = 0.0f;
-  const auto* wr = w + (size_t)n * K;
-  for (int k = lane * 8; k < K; k += 256) {
-    uint4 wv = *reinterpret_cast<const uint4*>(wr + k);
-    const __nv_bfloat16* wp = reinterpret_cast<const __nv_bfloat16*>(&wv);
-    float wf[8];
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int n0 = blockIdx.x * 16;
+  const int chunks = K >> 5;
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  const bool live = g < ROWS;
+  const uint4* w_lo = reinterpret_cast<const uint4*>(w + (size_t)(n0 + g) * K + t * 8);
+  const uint4* w_hi = reinterpret_cast<const uint4*>(w + (size_t)(n0 + g + 8) * K + t * 8);
+  const uint4* xr = reinterpret_cast<const uint4*>(x + (size_t)(live ? g : 0) * K + t * 8);
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  auto mma = [&c](unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  };
+  auto chunk = [&](int jj) {
+    const uint4 a = __ldg(w_lo + (size_t)jj * 4);
+    const uint4 b = __ldg(w_hi + (size_t)jj * 4);
+    uint4 v = __ldg(xr + (size_t)jj * 4);
+    if (!live) v = zero;
+    mma(a.x, b.x, a.y, b.y, v.x, v.y);
+    mma(a.z, b.z, a.w, b.w, v.z, v.w);
+  };
+  int j = warp;
+  for (; j + 3 * WARPS < chunks; j += 4 * WARPS) {
+    uint4 a[4], b[4], v[4];
     #pragma unroll
-    for (int j = 0; j < 8; ++j) wf[j] = __bfloat162float(wp[j]);
+    for (int u = 0; u < 4; ++u) {
+      a[u] = __ldg(w_lo + (size_t)(j + u * WARPS) * 4);
+      b[u] = __ldg(w_hi + (size_t)(j + u * WARPS) * 4);
+      v[u] = __ldg(xr + (size_t)(j + u * WARPS) * 4);
+    }
     #pragma unroll
-    for (int m = 0; m < ROWS; ++m) {
-      uint4 xv = *reinterpret_cast<const uint4*>(x + (size_t)m * K + k);
-      const __nv_bfloat16* xp = reinterpret_cast<const __nv_bfloat16*>(&xv);
-      #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[m] += wf[j] * __bfloat162float(xp[j]);
+    for (int u = 0; u < 4; ++u) {
+      if (!live) v[u] = zero;
+      mma(a[u].x, b[u].x, a[u].y, b[u].y, v[u].x, v[u].y);
+      mma(a[u].z, b[u].z, a[u].w, b[u].w, v[u].z, v[u].w);
     }
   }
+  for (; j < chunks; j += WARPS) chunk(j);
+  __shared__ float part[WARPS][4][32];
   #pragma unroll
-  for (int m = 0; m < ROWS; ++m) {
-    float v = acc[m];
+  for (int i = 0; i < 4; ++i) part[warp][i][lane] = c[i];
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    const int i = threadIdx.x >> 5;
+    const int l = threadIdx.x & 31;
+    float s = 0.0f;
     #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
-    if (lane == 0) y[(size_t)m * N + n] = __float2bfloat16(v);
+    for (int q = 0; q < WARPS; ++q) s += part[q][i][l];
+    const int m = 2 * (l & 3) + (i & 1);
+    const int n = n0 + (l >> 2) + ((i >> 1) << 3);
+    if (m < ROWS) y[(size_t)m * N + n] = __float2bfloat16(s);
   }
 "#;
 
 thread_local! {
-    /// `MTP_ROWS_KERNEL=1` turns the kernel on (for measurement).
+    /// `MTP_ROWS_KERNEL=1` turns the kernel on for 2–8 rows.
     static ENABLED: crate::switch::Flag = const { Cell::new(None) };
+    /// `MTP_ROWS_KERNEL_ONE=1` also gives it one-row products (the plain
+    /// step's GEMVs), for measurement against MLX's own GEMV.
+    static ONE_ROW: crate::switch::Flag = const { Cell::new(None) };
 }
 
 /// Turns the few-rows CUDA kernel on or off for this thread's later forwards
-/// (default: off, unless `MTP_ROWS_KERNEL=1`).
+/// of 2–8 rows (default: off, unless `MTP_ROWS_KERNEL=1`).
 pub fn set_rows_kernel(on: bool) {
     crate::switch::set(&ENABLED, on);
 }
 
-/// Whether the kernel may be used on this thread.
-pub(crate) fn enabled() -> bool {
-    crate::switch::get(&ENABLED, "MTP_ROWS_KERNEL", false)
+/// Lets the few-rows kernel take one-row products too on this thread
+/// (default: off, unless `MTP_ROWS_KERNEL_ONE=1`).
+pub fn set_rows_kernel_one_row(on: bool) {
+    crate::switch::set(&ONE_ROW, on);
 }
 
-/// Whether `rows` rows of width `k` in `dtype` go to the kernel on this backend.
-pub(crate) fn applies(rows: i32, k: i32, dtype: Dtype) -> bool {
-    (2..=MAX_ROWS).contains(&rows)
-        && k % 8 == 0
+/// Whether `rows` rows may go to the kernel on this thread.
+fn enabled(rows: i32) -> bool {
+    match rows {
+        1 => crate::switch::get(&ONE_ROW, "MTP_ROWS_KERNEL_ONE", false),
+        2..=MAX_ROWS => crate::switch::get(&ENABLED, "MTP_ROWS_KERNEL", false),
+        _ => false,
+    }
+}
+
+/// Whether `rows` rows of `x: [rows, k]` times a weight of `n` output
+/// features, in `dtype`, go to the kernel on this backend.
+pub(crate) fn applies(rows: i32, n: i32, k: i32, dtype: Dtype) -> bool {
+    fits(rows, n, k, dtype) && crate::models::sdpa::on_cuda() && enabled(rows)
+}
+
+/// The shapes and dtype the kernel computes (see [`SOURCE`]).
+fn fits(rows: i32, n: i32, k: i32, dtype: Dtype) -> bool {
+    (1..=MAX_ROWS).contains(&rows)
+        && n > 0
+        && n % FEATURES == 0
+        && k > 0
+        && k % CHUNK == 0
         && dtype == Dtype::Bfloat16
-        && crate::models::sdpa::on_cuda()
-        && enabled()
 }
 
-/// `x @ w.T` for bf16 `x: [M, K]` (`2 ≤ M ≤ 8`) and a row-contiguous bf16
-/// `w: [N, K]`.
+/// Warps per block: eight (a finer split of `K`) when there are too few
+/// blocks to keep every SM's loads in flight, four otherwise.
+fn warps(n: i32) -> i32 {
+    if n / FEATURES < 1024 { 8 } else { 4 }
+}
+
+/// `x @ w.T` for bf16 `x: [M, K]` (`1 ≤ M ≤ 8`) and a row-contiguous bf16
+/// `w: [N, K]` of a shape [`applies`] accepts.
 pub(crate) fn matmul_t(x: &Array, w: &Array) -> Result<Array> {
     let (m, n) = (x.dim(0), w.dim(0));
+    let warps = warps(n);
     let launch = CudaLaunch {
         outputs: &[(&[m, n], x.dtype())],
-        grid: [n * 32, 1, 1],
-        block: [256, 1, 1],
-        templates: &[("ROWS", m)],
+        grid: [n / FEATURES * 32 * warps, 1, 1],
+        block: [32 * warps, 1, 1],
+        templates: &[("ROWS", m), ("WARPS", warps)],
     };
     Ok(KERNEL.apply(&[x, w], &launch)?.remove(0))
 }
@@ -111,9 +192,24 @@ mod tests {
     /// is an error (MLX's CPU build has no CUDA backend), not an abort.
     #[test]
     fn cpu_never_takes_the_kernel() {
-        assert!(!applies(4, 1024, Dtype::Bfloat16));
-        let x = mlx_tensor::ops::zeros(&[2, 16], Dtype::Bfloat16).unwrap();
-        let w = mlx_tensor::ops::zeros(&[32, 16], Dtype::Bfloat16).unwrap();
+        set_rows_kernel(true);
+        set_rows_kernel_one_row(true);
+        assert!(!applies(4, 4096, 1024, Dtype::Bfloat16));
+        let x = mlx_tensor::ops::zeros(&[2, 32], Dtype::Bfloat16).unwrap();
+        let w = mlx_tensor::ops::zeros(&[32, 32], Dtype::Bfloat16).unwrap();
         assert!(matmul_t(&x, &w).and_then(|y| Ok(y.eval()?)).is_err());
+    }
+
+    /// The shapes the kernel's indexing assumes, and no others.
+    #[test]
+    fn only_whole_blocks_of_bf16_rows_fit() {
+        assert!(fits(1, 16, 32, Dtype::Bfloat16));
+        assert!(fits(8, 151_936, 4096, Dtype::Bfloat16));
+        assert!(!fits(9, 4096, 4096, Dtype::Bfloat16));
+        assert!(!fits(0, 4096, 4096, Dtype::Bfloat16));
+        assert!(!fits(4, 4104, 4096, Dtype::Bfloat16));
+        assert!(!fits(4, 4096, 4112, Dtype::Bfloat16));
+        assert!(!fits(4, 4096, 4096, Dtype::Float32));
+        assert!(!fits(4, 4096, 4096, Dtype::Float16));
     }
 }
