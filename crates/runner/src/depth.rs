@@ -15,7 +15,8 @@
 //! `E[committed | d] = 1 + Σ_{j≤d} Π_{i≤j} a_i` (the bonus or replacement
 //! token always commits), so speculation switches itself off when it does not
 //! pay. Every few rounds it probes a neighbour of the best depth (one deeper,
-//! then one shallower) so stale estimates get refreshed; the interval doubles
+//! then one shallower; from plain, the drafting depth the model rates best)
+//! so stale estimates get refreshed; the interval doubles
 //! while probes leave the choice alone and resets when the choice moves (a
 //! session's next request keeps the interval reached).
 //! Each decision is logged at `debug` level and each round at `trace` level
@@ -104,6 +105,9 @@ pub(crate) struct DepthController {
     probe_every: u64,
     /// Whether the next probe goes one deeper (else one shallower).
     probe_up: bool,
+    /// Whether the last probe from plain went to the drafting depth the
+    /// model rates best (else to depth 1).
+    probe_far: bool,
     /// The depth of a probe still running and its rounds left after this one.
     probe: Option<(usize, usize)>,
     /// The depth of the last recorded round (`None` before the first).
@@ -159,6 +163,7 @@ impl DepthController {
             since_probe: 0,
             probe_every: PROBE_MIN,
             probe_up: true,
+            probe_far: false,
             probe: None,
             last: None,
             plain_run: 0,
@@ -202,13 +207,20 @@ impl DepthController {
         if self.cost.count(0) < SEED_ROUNDS {
             return (0, Reason::Seed);
         }
-        let best = self
-            .throughput()
-            .into_iter()
-            .enumerate()
-            .filter_map(|(k, t)| t.map(|t| (k, t)))
-            .fold((0, f64::MIN), |b, x| if x.1 > b.1 { x } else { b })
-            .0;
+        let throughput = self.throughput();
+        let best_of = |from: usize| {
+            throughput
+                .iter()
+                .enumerate()
+                .skip(from)
+                .filter_map(|(k, t)| t.map(|t| (k, t)))
+                .fold(None, |b: Option<(usize, f64)>, x| match b {
+                    Some(b) if b.1 >= x.1 => Some(b),
+                    _ => Some(x),
+                })
+                .map(|b| b.0)
+        };
+        let best = best_of(0).unwrap_or(0);
         if best != self.best {
             self.best = best;
             self.probe_every = PROBE_MIN;
@@ -226,6 +238,20 @@ impl DepthController {
         let up = (self.probe_up || best == 0) && best < max;
         self.probe_up = !up;
         let k = match (up, best) {
+            // From plain, the drafting depth the model rates best: one
+            // deeper (depth 1) may lose alone while deeper ones pay, as on
+            // a launch-bound GPU where rounds cost about the same at every
+            // depth, and early dear rounds may have condemned those.
+            // Every other probe from plain, so depth 1's own measurements
+            // keep a noisy line from luring plain away.
+            (true, 0) => {
+                self.probe_far = !self.probe_far;
+                if self.probe_far {
+                    best_of(1).unwrap_or(1)
+                } else {
+                    1
+                }
+            }
             (true, _) => best + 1,
             (false, 0) => return (best, Reason::Best),
             (false, _) => best - 1,
