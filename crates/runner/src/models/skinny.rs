@@ -1,5 +1,6 @@
 //! `x @ W.T` for a few rows of `x` on CUDA, reading each weight byte once
-//! for all rows, on the tensor cores (`MTP_ROWS_KERNEL=1` turns it on).
+//! for all rows, on the tensor cores: off by default, kept for measurement
+//! (`MTP_ROWS_KERNEL=1`; `MTP_ROWS_KERNEL_ONE=1` for one row too).
 //!
 //! Why it exists: MLX 0.32's CUDA matmul has its own GEMV kernel for one row
 //! and sends two or more rows to cuBLASLt, whose GEMM for 2–8 rows of a
@@ -21,11 +22,15 @@
 //! per lane) and
 //! add their partial sums in shared memory.
 //!
-//! The first kernel here (one warp per output feature, f32 FMAs, each lane
-//! re-reading every input row from L1 per weight vector) lost to cuBLAS from
-//! three rows on (8B verify, 2/3/4/5 rows: 10.2 / 11.1 / 11.7 / 13.0 ms
-//! against 10.4 / 10.2 / 10.1 / 10.3): its L1 traffic for the inputs grew
-//! with the rows. Here the inputs are read once per 16 features.
+//! Why it is off: on an H200 (cf88cf0, 8B shape) it is within bf16 rounding
+//! of cuBLAS (relative 4.6e-3 at most) and reads some multi-row shapes
+//! faster (4096×4096 at 2 rows: 1.67 against 1.12 TB/s), but a whole synced
+//! verify of 1–6 rows took 8.60 / 9.99 / 10.41 / 9.99 / 10.30 / 11.48 ms with
+//! it and 6.86 / 8.81 / 9.28 / 9.39 / 10.37 / 10.29 ms without, and its one
+//! row reads below MLX's GEMV: a warp's load spans 16 weight rows (the MMA's
+//! A layout) where a GEMV streams one. The first kernel here (one warp per
+//! output feature, f32 FMAs, each lane re-reading every input row from L1
+//! per weight vector) lost to cuBLAS from three rows on too.
 
 use std::cell::Cell;
 
