@@ -57,6 +57,12 @@ fn shape(name: &str) -> Option<Fixture> {
     })
 }
 
+/// The few-rows kernel on or off for every row count it takes (one row included).
+fn rows_kernel(on: bool) {
+    set_rows_kernel(on);
+    set_rows_kernel_one_row(on);
+}
+
 /// Milliseconds of one evaluated forward of `ids` at the caches' offset.
 /// The largest `|want|` and the largest `|want - got|` (a NaN difference is
 /// passed over, as `f32::max` does; callers check `got`'s length and finiteness).
@@ -249,8 +255,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             )?;
             let mut runs = Vec::new();
             for on in [false, true] {
-                set_rows_kernel(on);
-                set_rows_kernel_one_row(on);
+                rows_kernel(on);
                 let y = lins[0]
                     .forward(&x)?
                     .as_type(Dtype::Float32)?
@@ -267,7 +272,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
                 runs.push((y, median(times[1..].to_vec())));
             }
-            set_rows_kernel_one_row(false);
+            rows_kernel(false);
             let (scale, diff) = range_and_diff(&runs[0].0, &runs[1].0);
             let finite =
                 runs[1].0.iter().all(|v| v.is_finite()) && runs[1].0.len() == runs[0].0.len();
@@ -287,14 +292,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for rows in 1..=6usize {
         let mut out = Vec::new();
         for on in [false, true] {
-            set_rows_kernel(on);
-            set_rows_kernel_one_row(on);
+            rows_kernel(on);
             let (mut caches, times) = verify_rounds(m, &ids, rows, rounds);
             let t = Array::from_slice(&ids(rows, 99), &[rows as i32])?;
             let logits = m.unembed(&m.forward(&t, &mut caches)?)?.to_vec::<f32>()?;
             out.push((median(times), logits));
         }
-        set_rows_kernel_one_row(false);
+        rows_kernel(false);
         let (range, diff) = range_and_diff(&out[0].1, &out[1].1);
         println!(
             "{}",

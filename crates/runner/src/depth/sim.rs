@@ -500,6 +500,19 @@ impl Versus {
     }
 }
 
+/// Asserts that auto, over sessions of three requests of 80 rounds with
+/// seeds 1..=10, gets at least `of_best` of the best fixed depth's
+/// throughput and `of_plain` times plain's.
+fn assert_auto_against_fixed(sim: &Sim, of_best: f64, of_plain: f64) {
+    let v = Versus::new(sim, 3, 80, 10);
+    let (ratio, best, auto, plain) = (v.ratio(), v.best(), v.auto, v.fixed[0]);
+    assert!(
+        ratio >= of_best && auto >= of_plain * plain,
+        "auto at {ratio:.3} of fixed depth {best}, {:.3} of plain: {sim:?}",
+        auto / plain
+    );
+}
+
 /// Modelled on tiny-mtp (f32) on the shared 2-core CPU, from the traces of
 /// fixed depths 1-6 over the four spec-scale prompts (`RUST_LOG=runner::depth=trace`):
 /// a pipelined plain token 29.8 ms; drafted rounds of 43.5, 56.3, 64.6,
@@ -586,13 +599,7 @@ fn a_depth_that_loses_alone_does_not_hide_deeper_ones_that_pay() {
     // of depth 3 and 1.15x plain when written).
     let sim = gpu_moe_bf16(0.1);
     assert_eq!(sim.best(), 3, "{sim:?}");
-    let v = Versus::new(&sim, 3, 80, 10);
-    let (ratio, best, auto, plain) = (v.ratio(), v.best(), v.auto, v.fixed[0]);
-    assert!(
-        ratio >= 0.95 && auto >= plain,
-        "auto at {ratio:.3} of fixed depth {best}, {:.3} of plain: {sim:?}",
-        auto / plain
-    );
+    assert_auto_against_fixed(&sim, 0.95, 1.0);
 }
 
 /// tiny-mtp in bf16 on an H200 (spec-scale rows of cf88cf0, one process):
@@ -633,11 +640,5 @@ fn plain_as_best_still_probes_the_drafting_depth_the_model_favours() {
         ..gpu_tiny_bf16(0.1)
     };
     assert!(sim.best() >= 3, "{sim:?}");
-    let v = Versus::new(&sim, 3, 80, 10);
-    let (ratio, best, auto, plain) = (v.ratio(), v.best(), v.auto, v.fixed[0]);
-    assert!(
-        ratio >= 0.93 && auto >= 1.1 * plain,
-        "auto at {ratio:.3} of fixed depth {best}, {:.3} of plain: {sim:?}",
-        auto / plain
-    );
+    assert_auto_against_fixed(&sim, 0.93, 1.1);
 }
