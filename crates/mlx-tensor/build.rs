@@ -75,6 +75,7 @@ fn run() -> Result<(), String> {
     println!("cargo:rerun-if-env-changed=MLX_CACHE_DIR");
     println!("cargo:rerun-if-changed=cpp/shim.h");
     println!("cargo:rerun-if-changed=cpp/shim.cc");
+    println!("cargo:rerun-if-changed=cpp/rows_cpu.cc");
     println!("cargo:rerun-if-changed=src/ffi.rs");
 
     let prefix = match env::var_os("MLX_DIR") {
@@ -122,6 +123,7 @@ fn run() -> Result<(), String> {
     }
     build
         .file("cpp/shim.cc")
+        .file("cpp/rows_cpu.cc")
         .include(&include)
         .include(env::var("CARGO_MANIFEST_DIR").unwrap() + "/..")
         .std("c++20")

@@ -1,7 +1,9 @@
 //! GEMM micro-benchmark: `x[m, k] @ w[k, n]` for m = 1, 4, 8 in f32 and bf16, one JSON object per line.
 //!
 //! This is the cost of verifying several draft tokens at once: with a good
-//! BLAS, m = 8 costs little more than m = 1. Weights are evaluated before
+//! BLAS, m = 8 costs little more than m = 1. On the CPU each case is timed
+//! twice: `"kernel":"matmul"` (MLX's matmul) and `"kernel":"rows"` (our
+//! few-rows kernel, `ops::rows_matmul_t`, over the `[n, k]` weight). Weights are evaluated before
 //! timing; each round builds the product, evaluates it and waits (so the
 //! figure includes one eval round trip, as a decode step pays it); the median
 //! of the rounds is printed.
@@ -92,30 +94,47 @@ fn main() -> Result<()> {
     for &dtype in &o.dtypes {
         let w = random::normal(&[o.k, o.n], Dtype::Float32, &key)?.as_type(dtype)?;
         w.eval()?;
+        // The `[n, k]` layout the rows kernel reads (a copy, evaluated now).
+        let w_rows = w.t()?.contiguous()?;
+        w_rows.eval()?;
+        let cpu = mlx_tensor::default_device() == mlx_tensor::Device::Cpu;
         for &m in &o.ms {
             let x = random::normal(&[m, o.k], Dtype::Float32, &random::key(m as u64)?)?
                 .as_type(dtype)?;
             x.eval()?;
-            // Two warm-up rounds: first-touch allocations and BLAS thread start-up.
-            for _ in 0..2 {
-                x.matmul(&w)?.eval()?;
+            let rows_kernel = cpu && (1..=mlx_tensor::ops::ROWS_MATMUL_MAX_ROWS).contains(&m);
+            for kernel in ["matmul", "rows"] {
+                if kernel == "rows" && !rows_kernel {
+                    continue;
+                }
+                let product = || {
+                    if kernel == "rows" {
+                        mlx_tensor::ops::rows_matmul_t(&x, &w_rows)
+                    } else {
+                        x.matmul(&w)
+                    }
+                };
+                // Two warm-up rounds: first-touch allocations and thread start-up.
+                for _ in 0..2 {
+                    product()?.eval()?;
+                }
+                let mut times: Vec<f64> = (0..o.rounds)
+                    .map(|_| {
+                        let t = Instant::now();
+                        product()?.eval()?;
+                        Ok(t.elapsed().as_secs_f64() * 1e6)
+                    })
+                    .collect::<Result<_>>()?;
+                times.sort_by(f64::total_cmp);
+                let us = times[times.len() / 2];
+                let line = format!(
+                    r#"{{"bench":"gemm","kernel":"{kernel}","dtype":"{}","m":{m},"k":{},"n":{},"us":{us:.1}}}"#,
+                    name(dtype),
+                    o.k,
+                    o.n
+                );
+                let _ = writeln!(out, "{line}");
             }
-            let mut times: Vec<f64> = (0..o.rounds)
-                .map(|_| {
-                    let t = Instant::now();
-                    x.matmul(&w)?.eval()?;
-                    Ok(t.elapsed().as_secs_f64() * 1e6)
-                })
-                .collect::<Result<_>>()?;
-            times.sort_by(f64::total_cmp);
-            let us = times[times.len() / 2];
-            let line = format!(
-                r#"{{"bench":"gemm","dtype":"{}","m":{m},"k":{},"n":{},"us":{us:.1}}}"#,
-                name(dtype),
-                o.k,
-                o.n
-            );
-            let _ = writeln!(out, "{line}");
         }
     }
     Ok(())

@@ -155,6 +155,8 @@ pub(crate) mod sys {
             group_size: i32,
             bits: i32,
         ) -> Result<UniquePtr<Arr>>;
+        fn rows_matmul_t(x: &Arr, w: &Arr) -> Result<UniquePtr<Arr>>;
+        fn rows_matmul_threads() -> i32;
         fn gather_mm(
             a: &Arr,
             b: &Arr,

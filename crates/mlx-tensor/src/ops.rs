@@ -453,6 +453,30 @@ pub fn quantized_matmul(
     .map(Array::wrap)
 }
 
+/// The most rows [`rows_matmul_t`] takes.
+pub const ROWS_MATMUL_MAX_ROWS: i32 = 8;
+
+/// `x @ w.T` for `x: [rows, k]` with 1 to [`ROWS_MATMUL_MAX_ROWS`] rows and a
+/// weight `w: [n, k]`, on the CPU (the default device must be the CPU).
+///
+/// Our own MLX primitive (`cpp/rows_cpu.cc`): it streams each weight row once
+/// and multiplies it into every input row, on all cores, where BLAS would
+/// pack the whole weight for a GEMM of two or more rows. f32, bf16 or f16
+/// operands of one dtype; accumulation is in f32 and the output has the
+/// operands' dtype. Each output element is accumulated in the same order
+/// whatever the row count, so row `i` of a 5-row product equals the 1-row
+/// product of `x[i]` bit for bit.
+#[track_caller]
+pub fn rows_matmul_t(x: &Array, w: &Array) -> Result<Array> {
+    check(sys::rows_matmul_t(x.raw(), w.raw())).map(Array::wrap)
+}
+
+/// The threads [`rows_matmul_t`] splits a large product over (the caller's
+/// included).
+pub fn rows_matmul_threads() -> i32 {
+    sys::rows_matmul_threads()
+}
+
 /// A batched matmul whose operands are gathered first: `a[lhs] @ b[rhs]`
 /// over the batch axes (MLX `gather_mm`).
 ///

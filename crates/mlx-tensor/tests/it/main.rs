@@ -16,4 +16,5 @@ mod ops_reduce;
 mod ops_shape;
 mod quantize;
 mod random;
+mod rows_matmul;
 mod views;

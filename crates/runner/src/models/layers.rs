@@ -79,15 +79,15 @@ pub struct Linear {
 #[derive(Debug, Clone)]
 enum Kernel {
     /// `[in, out]`: a transposed view of the `[out, in]` weight, or a contiguous
-    /// copy; `row_chunks` splits it for single-row inputs (see [`row_chunks`]).
-    /// `w` is the `[out, in]` weight itself when `wt` is its transposed view
-    /// (the same buffer), for the few-rows CUDA kernel (`models/skinny.rs`).
+    /// copy. `w` is the `[out, in]` weight itself when `wt` is its transposed
+    /// view (the same buffer), for the few-rows kernels: ours on the CPU when
+    /// `cpu_rows` (see [`takes_cpu_rows`]), the CUDA one (`models/skinny.rs`).
     /// `batched` is `wt` viewed as `[1, in, out]` on a GPU (see [`batched_view`]).
     Dense {
         wt: Array,
-        row_chunks: Vec<Array>,
         w: Option<Array>,
         batched: Option<Array>,
+        cpu_rows: bool,
     },
     /// The packed `[out, in]` weight, multiplied by `quantized_matmul`.
     Quantized(QuantizedTensor),
@@ -116,17 +116,18 @@ impl Linear {
         layout: LinearLayout,
     ) -> mlx_tensor::Result<Linear> {
         let wt = weight.t()?;
-        let (wt, row_chunks, w) = match layout {
-            LinearLayout::TransposedView => (wt, row_chunks(weight)?, Some(weight.clone())),
-            LinearLayout::PreTransposed => (wt.contiguous()?, Vec::new(), None),
+        let (wt, w) = match layout {
+            LinearLayout::TransposedView => (wt, Some(weight.clone())),
+            LinearLayout::PreTransposed => (wt.contiguous()?, None),
         };
         let batched = batched_view(&wt)?;
+        let cpu_rows = w.is_some() && takes_cpu_rows(weight.dtype());
         Ok(Linear {
             kernel: Kernel::Dense {
                 wt,
-                row_chunks,
                 w,
                 batched,
+                cpu_rows,
             },
             bias,
         })
@@ -215,21 +216,23 @@ impl Linear {
     /// Applies the layer to `[..., in]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let few = match &self.kernel {
-            Kernel::Dense { w: Some(w), .. } => few_rows(x, w).map(|rows| (w, rows)),
+            Kernel::Dense {
+                w: Some(w),
+                cpu_rows,
+                ..
+            } => few_rows(x, w, *cpu_rows).map(|(rows, on)| (w, rows, on)),
             _ => None,
         };
         let y = match &self.kernel {
-            _ if let Some((w, rows)) = few => {
+            _ if let Some((w, rows, on)) = few => {
                 let mut shape = x.shape().to_vec();
                 *shape.last_mut().expect("rank ≥ 1") = w.dim(0);
-                skinny::matmul_t(&x.reshape(&[rows, x.dim(-1)])?, w)?.reshape(&shape)?
-            }
-            Kernel::Dense { row_chunks, .. } if row_chunks.len() > 1 && is_one_row(x) => {
-                let parts = row_chunks
-                    .iter()
-                    .map(|c| x.matmul(c))
-                    .collect::<mlx_tensor::Result<Vec<_>>>()?;
-                mlx_tensor::ops::concatenate(&parts, -1)?
+                let x = x.reshape(&[rows, x.dim(-1)])?;
+                match on {
+                    RowsKernel::Cpu => mlx_tensor::ops::rows_matmul_t(&x, w)?,
+                    RowsKernel::Cuda => skinny::matmul_t(&x, w)?,
+                }
+                .reshape(&shape)?
             }
             Kernel::Dense {
                 batched: Some(b), ..
@@ -246,14 +249,8 @@ impl Linear {
     /// The arrays to evaluate at load.
     pub fn arrays(&self) -> Vec<Array> {
         let mut v = match &self.kernel {
-            Kernel::Dense {
-                wt,
-                row_chunks,
-                batched,
-                ..
-            } => {
+            Kernel::Dense { wt, batched, .. } => {
                 let mut v = vec![wt.clone()];
-                v.extend(row_chunks.iter().cloned());
                 v.extend(batched.iter().cloned());
                 v
             }
@@ -264,39 +261,24 @@ impl Linear {
     }
 }
 
-/// Most output features per matmul for a single-row input.
+/// Whether a `[out, in]` weight of `dtype` goes to our few-rows CPU kernel
+/// ([`mlx_tensor::ops::rows_matmul_t`]) for inputs of up to
+/// [`mlx_tensor::ops::ROWS_MATMUL_MAX_ROWS`] rows: on a CPU default device,
+/// for the float dtypes it computes.
 ///
-/// OpenBLAS (0.3.21 on this x86-64 CPU) sends `x @ W.T` with one row to its
-/// unpacked small-matrix kernel only while `out <= 1200` and
-/// `out * in <= 1e6`; beyond that it takes the packed GEMM path, which copies
-/// the whole weight into a panel buffer on every call. Measured with MLX on
-/// this machine (median of 5 x 300 calls): `[1536, 512]` 238 µs as one
-/// matmul, 67 µs as two row chunks; the `[8192, 512]` tied unembedding
-/// 2,333 µs vs 890 µs as eight chunks of 1,024.
-const CHUNK_OUT: usize = 1024;
-/// Most weight elements (`out * in`) per single-row matmul chunk (see [`CHUNK_OUT`]).
-const CHUNK_ELEMENTS: usize = 1_000_000;
-
-/// Row views of a `[out, in]` weight, each transposed to `[in, rows]`, sized so
-/// that a single-row matmul takes BLAS's unpacked path; empty when one
-/// matmul already does (the views share the weight's buffer). Empty on a GPU
-/// default device too: there a chunk is one more kernel launch and buys nothing.
-fn row_chunks(weight: &Array) -> mlx_tensor::Result<Vec<Array>> {
-    if mlx_tensor::default_device() == mlx_tensor::Device::Gpu {
-        return Ok(Vec::new());
-    }
-    let (out, input) = (weight.dim(0) as usize, weight.dim(1) as usize);
-    let rows = CHUNK_OUT.min(CHUNK_ELEMENTS / input.max(1)).max(64);
-    if out <= rows {
-        return Ok(Vec::new());
-    }
-    (0..out)
-        .step_by(rows)
-        .map(|lo| {
-            let hi = (lo + rows).min(out);
-            weight.slice_axis(0, lo as i32, hi as i32)?.t()
-        })
-        .collect()
+/// Why: OpenBLAS (MLX's CPU matmul) packs the whole weight into panels for a
+/// product of two or more rows, and takes that path for one row too once the
+/// weight is large; MLX widens bf16 operands to f32 copies first. The kernel
+/// streams each weight row once into every input row. Measured on this 2-core
+/// x86-64 host (`cargo run --release -p mlx-tensor --example gemm -- --k 1024
+/// --n 6144 --m 1,5,8`, median µs, MLX matmul against the kernel): f32 1 / 5 /
+/// 8 rows 2,364 / 4,079 / 4,418 against 796 / 1,808 / 2,508; bf16 1 / 5 rows
+/// 15,382 / 20,521 against 499 / 1,306. Every row is summed in the same order whatever
+/// the row count, so a verify row equals the plain step's product bit for bit.
+fn takes_cpu_rows(dtype: mlx_tensor::Dtype) -> bool {
+    use mlx_tensor::Dtype;
+    mlx_tensor::default_device() == mlx_tensor::Device::Cpu
+        && matches!(dtype, Dtype::Float32 | Dtype::Bfloat16 | Dtype::Float16)
 }
 
 /// `wt` `[in, out]` viewed as `[1, in, out]` (the same buffer) on a GPU;
@@ -315,20 +297,30 @@ fn batched_view(wt: &Array) -> mlx_tensor::Result<Option<Array>> {
     Ok(Some(wt.expand_dims(&[0])?))
 }
 
-/// The row count of `x` `[..., in]` when the CUDA few-rows kernel takes its
-/// product with `w` `[out, in]` (`models/skinny.rs`).
-fn few_rows(x: &Array, w: &Array) -> Option<i32> {
+/// Which few-rows kernel takes a product (see [`few_rows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RowsKernel {
+    /// [`mlx_tensor::ops::rows_matmul_t`].
+    Cpu,
+    /// `models/skinny.rs`.
+    Cuda,
+}
+
+/// The row count of `x` `[..., in]`, and the kernel, when a few-rows kernel
+/// takes its product with `w` `[out, in]`: ours on the CPU when the layer
+/// chose it at load (`cpu_rows`), else the CUDA one when it applies.
+fn few_rows(x: &Array, w: &Array, cpu_rows: bool) -> Option<(i32, RowsKernel)> {
     let k = x.dim(-1);
     if x.ndim() == 0 || k <= 0 || x.dtype() != w.dtype() || w.ndim() != 2 || w.dim(1) != k {
         return None;
     }
     let rows = i32::try_from(x.size() / k as usize).ok()?;
-    skinny::applies(rows, w.dim(0), k, x.dtype()).then_some(rows)
-}
-
-/// True when `x` `[..., in]` holds a single row.
-fn is_one_row(x: &Array) -> bool {
-    x.ndim() > 0 && x.size() == x.dim(-1) as usize
+    if cpu_rows {
+        return (1..=mlx_tensor::ops::ROWS_MATMUL_MAX_ROWS)
+            .contains(&rows)
+            .then_some((rows, RowsKernel::Cpu));
+    }
+    skinny::applies(rows, w.dim(0), k, x.dtype()).then_some((rows, RowsKernel::Cuda))
 }
 
 /// A token embedding table, dense or affine-quantized (mlx-lm quantizes it too).
@@ -544,50 +536,46 @@ mod tests {
     use crate::quant::QuantParams;
     use mlx_tensor::{Dtype, random};
 
-    /// Max |chunked - one matmul| over `x` `[rows, input]` through a `[out, input]`
-    /// weight; also returns how many chunks the layer holds.
-    fn chunked_vs_whole(out: i32, input: i32, rows: i32) -> (f32, usize) {
-        let w = random::normal(&[out, input], Dtype::Float32, &random::key(1).unwrap()).unwrap();
-        let x =
-            random::normal(&[1, rows, input], Dtype::Float32, &random::key(2).unwrap()).unwrap();
-        let layer = Linear::from_weight(&w, None, LinearLayout::TransposedView).unwrap();
-        let chunks = match &layer.kernel {
-            Kernel::Dense { row_chunks, .. } => row_chunks.len(),
-            Kernel::Quantized(_) => unreachable!("dense weight"),
-        };
-        let got = layer.forward(&x).unwrap();
-        assert_eq!(got.shape().to_vec(), vec![1, rows, out]);
-        let want = x.matmul(&w.t().unwrap()).unwrap();
-        let (got, want) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
-        let diff = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        (diff, chunks)
-    }
-
-    /// Chunking changes only which BLAS kernel sums each dot
-    /// product of ~300 unit-normal terms (|y| ~ 17), so results agree to
-    /// float rounding; 1e-3 absolute is far above it.
+    /// On the CPU a dense layer sends 1-8 rows to the few-rows kernel and
+    /// more to MLX's matmul; both agree with `x @ W.T` to float rounding (sums
+    /// of ~300 unit-normal terms, |y| ~ 17: 1e-3 absolute is far above it),
+    /// and every row of a several-row product equals that row alone bit for
+    /// bit (what keeps a verify row equal to the plain step's product).
     #[test]
-    fn single_row_chunks_equal_one_matmul() {
-        let check = |out, input, rows, chunks| {
-            let (diff, n) = chunked_vs_whole(out, input, rows);
-            assert_eq!(n, chunks, "chunks of [{out}, {input}]");
-            assert!(
-                diff < 1e-3,
-                "[{out}, {input}] x {rows} rows: max diff {diff}"
-            );
-        };
-        // Uneven last chunk (1024 + 1024 + 452), one row.
-        check(2500, 300, 1, 3);
-        // More than one row takes the single matmul.
-        check(2500, 300, 3, 3);
-        // Wide inputs shrink the chunk: 1e6 / 2000 = 500 outputs per chunk.
-        check(1200, 2000, 1, 3);
-        // Small weights stay whole.
-        check(512, 512, 1, 0);
+    fn cpu_rows_kernel_agrees_with_matmul_and_with_itself() {
+        let w = random::normal(&[700, 300], Dtype::Float32, &random::key(1).unwrap()).unwrap();
+        let layer = Linear::from_weight(&w, None, LinearLayout::TransposedView).unwrap();
+        assert!(matches!(layer.kernel, Kernel::Dense { cpu_rows: true, .. }));
+        let x = random::normal(&[1, 9, 300], Dtype::Float32, &random::key(2).unwrap()).unwrap();
+        for rows in [1, 2, 5, 8, 9] {
+            let xs = x.slice_axis(1, 0, rows).unwrap();
+            let got = layer.forward(&xs).unwrap();
+            assert_eq!(got.shape().to_vec(), vec![1, rows, 700]);
+            let want = xs.matmul(&w.t().unwrap()).unwrap();
+            let diff = max_diff(&got, &want);
+            assert!(diff < 1e-3, "{rows} rows: max diff {diff}");
+            if rows <= 8 {
+                let last = layer
+                    .forward(&x.slice_axis(1, rows - 1, rows).unwrap())
+                    .unwrap();
+                let in_batch = got.slice_axis(1, rows - 1, rows).unwrap();
+                assert_eq!(
+                    last.to_vec::<f32>().unwrap(),
+                    in_batch.to_vec::<f32>().unwrap(),
+                    "row {} alone vs in a {rows}-row product",
+                    rows - 1
+                );
+            }
+        }
+        // A pre-transposed layer keeps MLX's matmul (no `[out, in]` weight).
+        let pre = Linear::from_weight(&w, None, LinearLayout::PreTransposed).unwrap();
+        assert!(matches!(
+            pre.kernel,
+            Kernel::Dense {
+                cpu_rows: false,
+                ..
+            }
+        ));
     }
 
     /// The stacked layer's split outputs equal each part applied alone, for

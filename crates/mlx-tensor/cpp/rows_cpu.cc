@@ -1,0 +1,414 @@
+// `x @ w.T` for a few rows of `x` on the CPU, as an MLX primitive of our own.
+//
+// Why: a decode step multiplies one row by each weight and a speculative
+// verify multiplies k + 1 rows; both should cost about one read of the
+// weight. OpenBLAS (what MLX's CPU backend calls) packs the whole weight into
+// panels for a GEMM of two or more rows, and for one row too once the weight
+// is large; MLX widens bf16 operands to f32 copies before it. This kernel
+// streams each weight row once and multiplies it into every input row while
+// it is in registers, on every core. `examples/gemm.rs` times both.
+//
+// Each output element is one input row's dot product with one weight row,
+// accumulated in the same order whatever the row count or thread count: a
+// verify row's product is bit-for-bit the one-row step's. Weights may be f32,
+// bf16 or f16 (widened to f32 as they are loaded; accumulation is f32, the
+// output is rounded to the input dtype as MLX rounds).
+#include "mlx-tensor/cpp/shim.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <type_traits>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/primitives.h"
+#include "mlx/types/half_types.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define MTP_X86 1
+#endif
+
+namespace mtp_mlx {
+
+namespace {
+
+constexpr int kMaxRows = 8;
+// Output features per task handed to a thread.
+constexpr int kTaskFeatures = 64;
+// Below this many weight elements one thread does the whole product (waking
+// another costs more than it saves).
+constexpr size_t kParallelElements = size_t(1) << 18;
+
+
+// A fixed set of worker threads that, with the caller, run the tasks
+// 0..count of one job; `run` returns when every task has finished and every
+// worker that joined the job has left it (so none holds a stale job).
+class Pool {
+ public:
+  static Pool& get() {
+    // Leaked on purpose: a worker may still be parked at process exit.
+    static Pool* pool = new Pool();
+    return *pool;
+  }
+
+  int threads() const { return workers_ + 1; }
+
+  void run(int count, const std::function<void(int)>& task) {
+    if (count <= 1 || workers_ == 0) {
+      for (int i = 0; i < count; ++i) task(i);
+      return;
+    }
+    std::lock_guard<std::mutex> one_job(job_lock_);
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      task_ = &task;
+      count_ = count;
+      next_.store(0);
+      done_.store(0);
+      ++generation_;
+    }
+    wake_.notify_all();
+    work(&task, count);
+    std::unique_lock<std::mutex> g(mutex_);
+    finished_.wait(g, [&] { return done_.load() == count_ && joined_ == 0; });
+    task_ = nullptr;
+  }
+
+ private:
+  Pool() {
+    unsigned hw = std::thread::hardware_concurrency();
+    workers_ = static_cast<int>(std::clamp(hw, 1u, 8u)) - 1;
+    for (int i = 0; i < workers_; ++i) std::thread([this] { loop(); }).detach();
+  }
+
+  // Takes tasks of the current job until none are left.
+  void work(const std::function<void(int)>* task, int count) {
+    for (int i = next_.fetch_add(1); i < count; i = next_.fetch_add(1)) {
+      (*task)(i);
+      if (done_.fetch_add(1) + 1 == count) {
+        std::lock_guard<std::mutex> g(mutex_);
+        finished_.notify_all();
+      }
+    }
+  }
+
+  void loop() {
+    unsigned long seen = 0;
+    for (;;) {
+      const std::function<void(int)>* task;
+      int count;
+      {
+        std::unique_lock<std::mutex> g(mutex_);
+        wake_.wait(g, [&] { return generation_ != seen && task_ != nullptr; });
+        seen = generation_;
+        task = task_;
+        count = count_;
+        ++joined_;
+      }
+      work(task, count);
+      {
+        std::lock_guard<std::mutex> g(mutex_);
+        --joined_;
+      }
+      finished_.notify_all();
+    }
+  }
+
+  int workers_ = 0;
+  std::mutex job_lock_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable finished_;
+  const std::function<void(int)>* task_ = nullptr;
+  int count_ = 0;
+  int joined_ = 0;
+  unsigned long generation_ = 0;
+  std::atomic<int> next_{0};
+  std::atomic<int> done_{0};
+};
+
+// Weight element loads, widened to f32.
+inline float widen(float v) { return v; }
+inline float widen(mx::bfloat16_t v) { return static_cast<float>(v); }
+inline float widen(mx::float16_t v) { return static_cast<float>(v); }
+
+// The portable kernel: eight lanes per row, one partial sum per lane, summed
+// in a fixed tree; the `K % 8` tail after it, in order.
+template <typename W>
+void features_portable(const float* x, int rows, int k, const W* w, int n0, int n1, float* out, int n) {
+  const int k8 = k - k % 8;
+  for (int j = n0; j < n1; ++j) {
+    const W* wj = w + static_cast<size_t>(j) * k;
+    float acc[kMaxRows][8] = {};
+    for (int c = 0; c < k8; c += 8) {
+      float wv[8];
+      for (int l = 0; l < 8; ++l) wv[l] = widen(wj[c + l]);
+      for (int r = 0; r < rows; ++r) {
+        const float* xr = x + static_cast<size_t>(r) * k + c;
+        for (int l = 0; l < 8; ++l) acc[r][l] = std::fma(xr[l], wv[l], acc[r][l]);
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      const float* a = acc[r];
+      float s = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+      const float* xr = x + static_cast<size_t>(r) * k;
+      for (int c = k8; c < k; ++c) s = std::fma(xr[c], widen(wj[c]), s);
+      out[static_cast<size_t>(r) * n + j] = s;
+    }
+  }
+}
+
+#ifdef MTP_X86
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const mx::bfloat16_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const mx::float16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// `J` output features from `j` on, `ROWS` input rows: one accumulator per
+// (row, feature) pair, each summed over `K` in 8-lane blocks exactly as
+// `features_portable` sums it, so `J` (how many chains are in flight to hide
+// the FMA latency) never changes a result.
+template <typename W, int ROWS, int J>
+__attribute__((target("avx2,fma,f16c"))) inline void block_avx2(const float* x, int k, const W* w, int j,
+                                                                 float* out, int n) {
+  const int k8 = k - k % 8;
+  __m256 acc[J][ROWS];
+#pragma GCC unroll 8
+  for (int f = 0; f < J; ++f) {
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; ++r) acc[f][r] = _mm256_setzero_ps();
+  }
+  const W* wj = w + static_cast<size_t>(j) * k;
+  for (int c = 0; c < k8; c += 8) {
+    __m256 wv[J];
+#pragma GCC unroll 8
+    for (int f = 0; f < J; ++f) wv[f] = load8(wj + static_cast<size_t>(f) * k + c);
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; ++r) {
+      __m256 xv = _mm256_loadu_ps(x + static_cast<size_t>(r) * k + c);
+#pragma GCC unroll 8
+      for (int f = 0; f < J; ++f) acc[f][r] = _mm256_fmadd_ps(xv, wv[f], acc[f][r]);
+    }
+  }
+  for (int f = 0; f < J; ++f) {
+    const W* wf = wj + static_cast<size_t>(f) * k;
+    for (int r = 0; r < ROWS; ++r) {
+      alignas(32) float a[8];
+      _mm256_store_ps(a, acc[f][r]);
+      float s = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+      const float* xr = x + static_cast<size_t>(r) * k;
+      for (int c = k8; c < k; ++c) s = std::fma(xr[c], widen(wf[c]), s);
+      out[static_cast<size_t>(r) * n + j + f] = s;
+    }
+  }
+}
+
+// The same arithmetic as `features_portable`, lane for lane, on AVX2: the
+// two give equal results, so the choice between them never shows. Features
+// go `J` at a time (eight to ten chains in flight), the remainder one by one.
+// Six to eight rows go as two groups (four rows, then the rest) over the
+// same pair of weight rows, the second pass reading them from cache: one
+// group of eight would need more accumulators than AVX2 has registers.
+template <typename W, int ROWS>
+__attribute__((target("avx2,fma,f16c"))) void features_avx2(const float* x, int k, const W* w, int n0, int n1,
+                                                             float* out, int n) {
+  constexpr int J = ROWS == 1 ? 8 : ROWS == 2 ? 4 : 2;
+  int j = n0;
+  if constexpr (ROWS <= 5) {
+    for (; j + J <= n1; j += J) block_avx2<W, ROWS, J>(x, k, w, j, out, n);
+    for (; j < n1; ++j) block_avx2<W, ROWS, 1>(x, k, w, j, out, n);
+  } else {
+    const float* x_rest = x + static_cast<size_t>(4) * k;
+    float* out_rest = out + static_cast<size_t>(4) * n;
+    for (; j + J <= n1; j += J) {
+      block_avx2<W, 4, J>(x, k, w, j, out, n);
+      block_avx2<W, ROWS - 4, J>(x_rest, k, w, j, out_rest, n);
+    }
+    for (; j < n1; ++j) {
+      block_avx2<W, 4, 1>(x, k, w, j, out, n);
+      block_avx2<W, ROWS - 4, 1>(x_rest, k, w, j, out_rest, n);
+    }
+  }
+}
+
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
+  return yes;
+}
+
+template <typename W>
+void features_x86(const float* x, int rows, int k, const W* w, int n0, int n1, float* out, int n) {
+  switch (rows) {
+    case 1: return features_avx2<W, 1>(x, k, w, n0, n1, out, n);
+    case 2: return features_avx2<W, 2>(x, k, w, n0, n1, out, n);
+    case 3: return features_avx2<W, 3>(x, k, w, n0, n1, out, n);
+    case 4: return features_avx2<W, 4>(x, k, w, n0, n1, out, n);
+    case 5: return features_avx2<W, 5>(x, k, w, n0, n1, out, n);
+    case 6: return features_avx2<W, 6>(x, k, w, n0, n1, out, n);
+    case 7: return features_avx2<W, 7>(x, k, w, n0, n1, out, n);
+    default: return features_avx2<W, 8>(x, k, w, n0, n1, out, n);
+  }
+}
+#endif
+
+template <typename W>
+void features(const float* x, int rows, int k, const W* w, int n0, int n1, float* out, int n) {
+#ifdef MTP_X86
+  if (has_avx2()) return features_x86(x, rows, k, w, n0, n1, out, n);
+#endif
+  features_portable(x, rows, k, w, n0, n1, out, n);
+}
+
+// Copies a 2-D array of `T` with element strides into a dense f32 buffer.
+template <typename T>
+void widen_rows(const T* src, int rows, int cols, int64_t s0, int64_t s1, float* dst) {
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) dst[static_cast<size_t>(r) * cols + c] = widen(src[r * s0 + c * s1]);
+  }
+}
+
+// Copies a strided 2-D weight into a dense buffer of the same type.
+template <typename T>
+std::vector<T> dense_copy(const T* src, int rows, int cols, int64_t s0, int64_t s1) {
+  std::vector<T> out(static_cast<size_t>(rows) * cols);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) out[static_cast<size_t>(r) * cols + c] = src[r * s0 + c * s1];
+  }
+  return out;
+}
+
+inline void narrow(float v, float* o) { *o = v; }
+inline void narrow(float v, mx::bfloat16_t* o) { *o = mx::bfloat16_t(v); }
+inline void narrow(float v, mx::float16_t* o) { *o = mx::float16_t(v); }
+
+// The whole product for element type `T`: inputs as MLX hands them to a
+// primitive (any strides), output dense `[rows, n]`.
+template <typename T>
+void rows_matmul_t(const T* xp, std::array<int64_t, 2> xs, const T* wp, std::array<int64_t, 2> ws, T* op, int rows,
+                   int n, int k) {
+  std::vector<float> x(static_cast<size_t>(rows) * k);
+  widen_rows(xp, rows, k, xs[0], xs[1], x.data());
+  std::vector<T> w_dense;
+  const T* w = wp;
+  if (!(ws[1] == 1 && ws[0] == k)) {
+    w_dense = dense_copy(wp, n, k, ws[0], ws[1]);
+    w = w_dense.data();
+  }
+  std::vector<float> acc;
+  float* out;
+  if constexpr (std::is_same_v<T, float>) {
+    out = op;
+  } else {
+    acc.resize(static_cast<size_t>(rows) * n);
+    out = acc.data();
+  }
+  const size_t elements = static_cast<size_t>(n) * k;
+  const int tasks = elements < kParallelElements ? 1 : (n + kTaskFeatures - 1) / kTaskFeatures;
+  const int per_task = tasks == 1 ? n : kTaskFeatures;
+  Pool::get().run(tasks, [&](int t) {
+    int n0 = t * per_task;
+    int n1 = std::min(n, n0 + per_task);
+    features(x.data(), rows, k, w, n0, n1, out, n);
+  });
+  if constexpr (!std::is_same_v<T, float>) {
+    for (size_t i = 0; i < acc.size(); ++i) narrow(acc[i], op + i);
+  }
+}
+
+class RowsMatmulT : public mx::Primitive {
+ public:
+  explicit RowsMatmulT(mx::Stream s) : mx::Primitive(s) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const mx::array& x = inputs[0];
+    const mx::array& w = inputs[1];
+    mx::array& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(x);
+    enc.set_input_array(w);
+    enc.set_output_array(out);
+    const int rows = x.shape(0), k = x.shape(1), n = w.shape(0);
+    const std::array<int64_t, 2> xs{x.strides()[0], x.strides()[1]};
+    const std::array<int64_t, 2> wst{w.strides()[0], w.strides()[1]};
+    const void* xp = x.data<void>();
+    const void* wp = w.data<void>();
+    void* op = out.data<void>();
+    const mx::Dtype dtype = out.dtype();
+    enc.dispatch([=]() {
+      if (dtype == mx::float32) {
+        rows_matmul_t(static_cast<const float*>(xp), xs, static_cast<const float*>(wp), wst, static_cast<float*>(op),
+                      rows, n, k);
+      } else if (dtype == mx::bfloat16) {
+        rows_matmul_t(static_cast<const mx::bfloat16_t*>(xp), xs, static_cast<const mx::bfloat16_t*>(wp), wst,
+                      static_cast<mx::bfloat16_t*>(op), rows, n, k);
+      } else {
+        rows_matmul_t(static_cast<const mx::float16_t*>(xp), xs, static_cast<const mx::float16_t*>(wp), wst,
+                      static_cast<mx::float16_t*>(op), rows, n, k);
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("RowsMatmulT runs on the CPU only");
+  }
+
+  const char* name() const override { return "RowsMatmulT"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const RowsMatmulT*>(&other) != nullptr;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {{inputs[0].shape(0), inputs[1].shape(0)}};
+  }
+};
+
+}  // namespace
+
+ArrPtr rows_matmul_t(const Arr& x, const Arr& w) {
+  const mx::Stream s = mx::default_stream(mx::default_device());
+  if (s.device != mx::Device::cpu) {
+    throw std::invalid_argument("rows_matmul_t runs on the CPU; the default device is a GPU");
+  }
+  if (x.a.ndim() != 2 || w.a.ndim() != 2) {
+    throw std::invalid_argument("rows_matmul_t takes x [rows, k] and w [n, k]; got ranks " +
+                                std::to_string(x.a.ndim()) + " and " + std::to_string(w.a.ndim()));
+  }
+  const int rows = x.a.shape(0), k = x.a.shape(1), n = w.a.shape(0);
+  if (rows < 1 || rows > kMaxRows) {
+    throw std::invalid_argument("rows_matmul_t takes 1 to " + std::to_string(kMaxRows) + " rows; got " +
+                                std::to_string(rows));
+  }
+  if (w.a.shape(1) != k || k < 1 || n < 1) {
+    throw std::invalid_argument("rows_matmul_t: x [" + std::to_string(rows) + ", " + std::to_string(k) +
+                                "] does not match w [" + std::to_string(n) + ", " + std::to_string(w.a.shape(1)) +
+                                "]");
+  }
+  const mx::Dtype d = x.a.dtype();
+  if (w.a.dtype() != d || !(d == mx::float32 || d == mx::bfloat16 || d == mx::float16)) {
+    throw std::invalid_argument("rows_matmul_t takes f32, bf16 or f16 operands of one dtype");
+  }
+  return std::make_unique<Arr>(
+      mx::array(mx::Shape{rows, n}, d, std::make_shared<RowsMatmulT>(s), std::vector<mx::array>{x.a, w.a}));
+}
+
+int32_t rows_matmul_threads() { return Pool::get().threads(); }
+
+}  // namespace mtp_mlx

@@ -1,0 +1,145 @@
+//! `ops::rows_matmul_t` (our few-rows CPU kernel) against a float64 host
+//! reference and against itself: the dtypes, strided operands, shapes small
+//! enough for one thread and large enough for all, and the errors.
+
+use crate::common;
+
+use common::{arr, host_noise};
+use mlx_tensor::{Array, Dtype, ops};
+
+/// `y[r, j] = Σ x[r, i] · w[j, i]` in f64.
+fn reference(x: &[f32], w: &[f32], rows: usize, n: usize, k: usize) -> Vec<f64> {
+    (0..rows * n)
+        .map(|o| {
+            let (r, j) = (o / n, o % n);
+            (0..k)
+                .map(|i| x[r * k + i] as f64 * w[j * k + i] as f64)
+                .sum()
+        })
+        .collect()
+}
+
+fn values(a: &Array) -> Vec<f32> {
+    a.as_type(Dtype::Float32).unwrap().to_vec::<f32>().unwrap()
+}
+
+/// Every element within `rel` of the reference, relative to the row's scale
+/// (`sqrt(k)` for unit-range terms), naming the case.
+fn assert_near(case: &str, got: &[f32], want: &[f64], k: usize, rel: f64) {
+    assert_eq!(got.len(), want.len(), "{case}: length");
+    let scale = (k as f64).sqrt();
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (*g as f64 - w).abs() <= rel * scale,
+            "{case}: element {i}: got {g}, want {w}"
+        );
+    }
+}
+
+/// The operands rounded to `dtype` and back, so the reference sees what the
+/// kernel sees.
+fn rounded(data: &[f32], shape: &[i32], dtype: Dtype) -> (Array, Vec<f32>) {
+    let a = arr(data, shape).as_type(dtype).unwrap();
+    let v = values(&a);
+    (a, v)
+}
+
+/// f32, bf16 and f16 over 1-8 rows; `k` with and without an 8-lane tail;
+/// `n` below and above the size that splits the work over threads. f32 is
+/// within float rounding of an f64 sum (2e-6 of the row scale); the half
+/// types within their output rounding (2^-8 relative for bf16, 2^-11 for
+/// f16, of values up to ~3x the scale).
+#[test]
+fn rows_matmul_matches_a_float64_reference_in_every_dtype() {
+    for (dtype, rel) in [
+        (Dtype::Float32, 2e-6),
+        (Dtype::Bfloat16, 1.2e-2),
+        (Dtype::Float16, 1.5e-3),
+    ] {
+        for (n, k) in [(7, 300), (40, 64), (1100, 300), (600, 1024)] {
+            let (w, wv) = rounded(&host_noise(1, n * k), &[n as i32, k as i32], dtype);
+            for rows in [1usize, 2, 3, 5, 8] {
+                let (x, xv) = rounded(
+                    &host_noise(10 + rows as u64, rows * k),
+                    &[rows as i32, k as i32],
+                    dtype,
+                );
+                let got = ops::rows_matmul_t(&x, &w).unwrap();
+                assert_eq!(got.shape().as_slice(), &[rows as i32, n as i32]);
+                assert_eq!(got.dtype(), dtype);
+                let case = format!("{dtype:?} [{rows}, {k}] x [{n}, {k}]");
+                assert_near(
+                    &case,
+                    &values(&got),
+                    &reference(&xv, &wv, rows, n, k),
+                    k,
+                    rel,
+                );
+            }
+        }
+    }
+}
+
+/// Row `r` of a several-row product equals the one-row product of `x[r]`
+/// bit for bit, in every dtype and on the threaded path: the order of each
+/// sum does not depend on how many rows share the weight.
+#[test]
+fn a_row_is_the_same_alone_and_among_others() {
+    let (n, k) = (1100, 300);
+    for dtype in [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16] {
+        let w = arr(&host_noise(2, n * k), &[n as i32, k as i32])
+            .as_type(dtype)
+            .unwrap();
+        let x = arr(&host_noise(3, 8 * k), &[8, k as i32])
+            .as_type(dtype)
+            .unwrap();
+        let all = values(&ops::rows_matmul_t(&x, &w).unwrap());
+        for rows in [2, 5, 8] {
+            let some = values(&ops::rows_matmul_t(&x.slice_axis(0, 0, rows).unwrap(), &w).unwrap());
+            assert_eq!(
+                some[..],
+                all[..rows as usize * n],
+                "{dtype:?}: {rows} rows vs 8"
+            );
+        }
+        for r in 0..8 {
+            let one = values(&ops::rows_matmul_t(&x.slice_axis(0, r, r + 1).unwrap(), &w).unwrap());
+            let row = &all[r as usize * n..(r as usize + 1) * n];
+            assert_eq!(one[..], row[..], "{dtype:?}: row {r} alone");
+        }
+    }
+}
+
+/// Strided operands (a transposed weight, every other row of `x`) give the
+/// result of their contiguous copies exactly.
+#[test]
+fn strided_operands_equal_their_contiguous_copies() {
+    let (n, k) = (96, 200);
+    let wt = arr(&host_noise(4, k * n), &[k as i32, n as i32]);
+    let w_view = wt.t().unwrap();
+    let x_big = arr(&host_noise(5, 6 * k), &[6, k as i32]);
+    let x_view = x_big.slice(&[0, 0], &[6, k as i32], &[2, 1]).unwrap();
+    let got = values(&ops::rows_matmul_t(&x_view, &w_view).unwrap());
+    let want = values(
+        &ops::rows_matmul_t(&x_view.contiguous().unwrap(), &w_view.contiguous().unwrap()).unwrap(),
+    );
+    assert_eq!(got, want);
+}
+
+/// Inputs the kernel does not take are errors that say what is wrong.
+#[test]
+fn rows_matmul_refuses_what_it_cannot_compute() {
+    let w = arr(&host_noise(6, 16 * 32), &[16, 32]);
+    let x = |rows: usize, k: usize| arr(&host_noise(7, rows * k), &[rows as i32, k as i32]);
+    let err = |r: mlx_tensor::Result<Array>| r.expect_err("an error").to_string();
+    assert!(err(ops::rows_matmul_t(&x(9, 32), &w)).contains("1 to 8 rows; got 9"));
+    assert!(err(ops::rows_matmul_t(&x(2, 31), &w)).contains("does not match"));
+    let x3 = x(2, 32).reshape(&[1, 2, 32]).unwrap();
+    assert!(err(ops::rows_matmul_t(&x3, &w)).contains("ranks 3 and 2"));
+    let xi = x(2, 32).as_type(Dtype::Int32).unwrap();
+    let wi = w.as_type(Dtype::Int32).unwrap();
+    assert!(err(ops::rows_matmul_t(&xi, &wi)).contains("f32, bf16 or f16"));
+    let xb = x(2, 32).as_type(Dtype::Bfloat16).unwrap();
+    assert!(err(ops::rows_matmul_t(&xb, &w)).contains("one dtype"));
+    assert!(ops::rows_matmul_threads() >= 1);
+}
