@@ -62,8 +62,6 @@ class Pool {
     return *pool;
   }
 
-  int threads() const { return workers_ + 1; }
-
   void run(int count, const std::function<void(int)>& task) {
     if (count <= 1 || workers_ == 0) {
       for (int i = 0; i < count; ++i) task(i);
@@ -143,6 +141,15 @@ inline float widen(float v) { return v; }
 inline float widen(mx::bfloat16_t v) { return static_cast<float>(v); }
 inline float widen(mx::float16_t v) { return static_cast<float>(v); }
 
+// One (row, feature) sum from its eight lane partials: a fixed tree over the
+// lanes, then the `K % 8` tail in order. Both kernels end every sum here.
+template <typename W>
+inline float finish(const float a[8], const float* xr, const W* wf, int k8, int k) {
+  float s = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+  for (int c = k8; c < k; ++c) s = std::fma(xr[c], widen(wf[c]), s);
+  return s;
+}
+
 // The portable kernel: eight lanes per row, one partial sum per lane, summed
 // in a fixed tree; the `K % 8` tail after it, in order.
 template <typename W>
@@ -160,11 +167,7 @@ void features_portable(const float* x, int rows, int k, const W* w, int n0, int 
       }
     }
     for (int r = 0; r < rows; ++r) {
-      const float* a = acc[r];
-      float s = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-      const float* xr = x + static_cast<size_t>(r) * k;
-      for (int c = k8; c < k; ++c) s = std::fma(xr[c], widen(wj[c]), s);
-      out[static_cast<size_t>(r) * n + j] = s;
+      out[static_cast<size_t>(r) * n + j] = finish(acc[r], x + static_cast<size_t>(r) * k, wj, k8, k);
     }
   }
 }
@@ -210,10 +213,7 @@ __attribute__((target("avx2,fma,f16c"))) inline void block_avx2(const float* x, 
     for (int r = 0; r < ROWS; ++r) {
       alignas(32) float a[8];
       _mm256_store_ps(a, acc[f][r]);
-      float s = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-      const float* xr = x + static_cast<size_t>(r) * k;
-      for (int c = k8; c < k; ++c) s = std::fma(xr[c], widen(wf[c]), s);
-      out[static_cast<size_t>(r) * n + j + f] = s;
+      out[static_cast<size_t>(r) * n + j + f] = finish(a, x + static_cast<size_t>(r) * k, wf, k8, k);
     }
   }
 }
@@ -275,22 +275,20 @@ void features(const float* x, int rows, int k, const W* w, int n0, int n1, float
   features_portable(x, rows, k, w, n0, n1, out, n);
 }
 
-// Copies a 2-D array of `T` with element strides into a dense f32 buffer.
-template <typename T>
-void widen_rows(const T* src, int rows, int cols, int64_t s0, int64_t s1, float* dst) {
+// Copies a 2-D array of `T` with element strides into a dense buffer of `D`
+// (`T` itself, or f32 through `widen`).
+template <typename D, typename T>
+void dense_copy(const T* src, int rows, int cols, int64_t s0, int64_t s1, D* dst) {
   for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < cols; ++c) dst[static_cast<size_t>(r) * cols + c] = widen(src[r * s0 + c * s1]);
+    for (int c = 0; c < cols; ++c) {
+      const T v = src[r * s0 + c * s1];
+      if constexpr (std::is_same_v<D, T>) {
+        dst[static_cast<size_t>(r) * cols + c] = v;
+      } else {
+        dst[static_cast<size_t>(r) * cols + c] = widen(v);
+      }
+    }
   }
-}
-
-// Copies a strided 2-D weight into a dense buffer of the same type.
-template <typename T>
-std::vector<T> dense_copy(const T* src, int rows, int cols, int64_t s0, int64_t s1) {
-  std::vector<T> out(static_cast<size_t>(rows) * cols);
-  for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < cols; ++c) out[static_cast<size_t>(r) * cols + c] = src[r * s0 + c * s1];
-  }
-  return out;
 }
 
 inline void narrow(float v, float* o) { *o = v; }
@@ -303,11 +301,12 @@ template <typename T>
 void rows_matmul_t(const T* xp, std::array<int64_t, 2> xs, const T* wp, std::array<int64_t, 2> ws, T* op, int rows,
                    int n, int k) {
   std::vector<float> x(static_cast<size_t>(rows) * k);
-  widen_rows(xp, rows, k, xs[0], xs[1], x.data());
+  dense_copy(xp, rows, k, xs[0], xs[1], x.data());
   std::vector<T> w_dense;
   const T* w = wp;
   if (!(ws[1] == 1 && ws[0] == k)) {
-    w_dense = dense_copy(wp, n, k, ws[0], ws[1]);
+    w_dense.resize(static_cast<size_t>(n) * k);
+    dense_copy(wp, n, k, ws[0], ws[1], w_dense.data());
     w = w_dense.data();
   }
   std::vector<float> acc;
@@ -409,6 +408,5 @@ ArrPtr rows_matmul_t(const Arr& x, const Arr& w) {
       mx::array(mx::Shape{rows, n}, d, std::make_shared<RowsMatmulT>(s), std::vector<mx::array>{x.a, w.a}));
 }
 
-int32_t rows_matmul_threads() { return Pool::get().threads(); }
 
 }  // namespace mtp_mlx

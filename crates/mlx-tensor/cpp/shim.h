@@ -91,9 +91,8 @@ ArrPtr quantized_matmul(const Arr& x, const Arr& w, const Arr& scales, const Arr
 // Gathered (per-expert) matmuls; an index flag `has_*` false means "no indices".
 ArrPtr gather_mm(const Arr& a, const Arr& b, bool has_lhs, const Arr& lhs, bool has_rhs, const Arr& rhs,
                  bool sorted);
-// `x @ w.T` for 1-8 rows on the CPU (cpp/rows_cpu.cc); the worker count it uses.
+// `x @ w.T` for 1-8 rows on the CPU (cpp/rows_cpu.cc).
 ArrPtr rows_matmul_t(const Arr& x, const Arr& w);
-int32_t rows_matmul_threads();
 ArrPtr gather_qmm(const Arr& x, const Arr& w, const Arr& scales, const Arr& biases, bool has_lhs, const Arr& lhs,
                   bool has_rhs, const Arr& rhs, bool transpose, int32_t group_size, int32_t bits, bool sorted);
 

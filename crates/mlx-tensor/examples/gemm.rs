@@ -94,25 +94,28 @@ fn main() -> Result<()> {
     for &dtype in &o.dtypes {
         let w = random::normal(&[o.k, o.n], Dtype::Float32, &key)?.as_type(dtype)?;
         w.eval()?;
-        // The `[n, k]` layout the rows kernel reads (a copy, evaluated now).
-        let w_rows = w.t()?.contiguous()?;
-        w_rows.eval()?;
-        let cpu = mlx_tensor::default_device() == mlx_tensor::Device::Cpu;
+        // On the CPU, the `[n, k]` layout the rows kernel reads (a copy, evaluated now).
+        let w_rows = if mlx_tensor::default_device() == mlx_tensor::Device::Cpu {
+            let w_rows = w.t()?.contiguous()?;
+            w_rows.eval()?;
+            Some(w_rows)
+        } else {
+            None
+        };
         for &m in &o.ms {
             let x = random::normal(&[m, o.k], Dtype::Float32, &random::key(m as u64)?)?
                 .as_type(dtype)?;
             x.eval()?;
-            let rows_kernel = cpu && (1..=mlx_tensor::ops::ROWS_MATMUL_MAX_ROWS).contains(&m);
+            let rows_kernel = w_rows
+                .as_ref()
+                .filter(|_| (1..=mlx_tensor::ops::ROWS_MATMUL_MAX_ROWS).contains(&m));
             for kernel in ["matmul", "rows"] {
-                if kernel == "rows" && !rows_kernel {
+                if kernel == "rows" && rows_kernel.is_none() {
                     continue;
                 }
-                let product = || {
-                    if kernel == "rows" {
-                        mlx_tensor::ops::rows_matmul_t(&x, &w_rows)
-                    } else {
-                        x.matmul(&w)
-                    }
+                let product = || match rows_kernel {
+                    Some(w_rows) if kernel == "rows" => mlx_tensor::ops::rows_matmul_t(&x, w_rows),
+                    _ => x.matmul(&w),
                 };
                 // Two warm-up rounds: first-touch allocations and thread start-up.
                 for _ in 0..2 {

@@ -156,7 +156,6 @@ pub(crate) mod sys {
             bits: i32,
         ) -> Result<UniquePtr<Arr>>;
         fn rows_matmul_t(x: &Arr, w: &Arr) -> Result<UniquePtr<Arr>>;
-        fn rows_matmul_threads() -> i32;
         fn gather_mm(
             a: &Arr,
             b: &Arr,

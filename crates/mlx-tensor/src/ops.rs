@@ -471,12 +471,6 @@ pub fn rows_matmul_t(x: &Array, w: &Array) -> Result<Array> {
     check(sys::rows_matmul_t(x.raw(), w.raw())).map(Array::wrap)
 }
 
-/// The threads [`rows_matmul_t`] splits a large product over (the caller's
-/// included).
-pub fn rows_matmul_threads() -> i32 {
-    sys::rows_matmul_threads()
-}
-
 /// A batched matmul whose operands are gathered first: `a[lhs] @ b[rhs]`
 /// over the batch axes (MLX `gather_mm`).
 ///
