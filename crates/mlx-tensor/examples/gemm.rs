@@ -6,10 +6,12 @@
 //! few-rows kernel, `ops::rows_matmul_t`, over the `[n, k]` weight). Weights are evaluated before
 //! timing; each round builds the product, evaluates it and waits (so the
 //! figure includes one eval round trip, as a decode step pays it); the median
-//! of the rounds is printed.
+//! of the rounds is printed. `--weights N` multiplies `x` by N distinct
+//! weights per round, evaluated together: past the caches' size that reads
+//! the weights from memory, as a decode step does.
 //!
 //! Run with `cargo xtask bench gemm` (a release build), or
-//! `cargo run --release -p mlx-tensor --example gemm -- [--rounds N] [--k K] [--n N] [--m 1,4,8] [--dtypes f32,bf16]`.
+//! `cargo run --release -p mlx-tensor --example gemm -- [--rounds N] [--k K] [--n N] [--m 1,4,8] [--dtypes f32,bf16] [--weights N]`.
 
 use std::io::Write;
 use std::time::Instant;
@@ -22,6 +24,9 @@ struct Options {
     n: i32,
     ms: Vec<i32>,
     dtypes: Vec<Dtype>,
+    /// Distinct weights multiplied per round (more than the caches hold
+    /// read from memory, as a decode step's layers do).
+    weights: usize,
 }
 
 fn parse() -> std::result::Result<Options, String> {
@@ -31,6 +36,7 @@ fn parse() -> std::result::Result<Options, String> {
         n: 2048,
         ms: vec![1, 4, 8],
         dtypes: vec![Dtype::Float32, Dtype::Bfloat16],
+        weights: 1,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -39,6 +45,7 @@ fn parse() -> std::result::Result<Options, String> {
         match flag.as_str() {
             "--rounds" => o.rounds = int(&value)?.max(1) as usize,
             "--k" => o.k = int(&value)?,
+            "--weights" => o.weights = int(&value)?.max(1) as usize,
             "--n" => o.n = int(&value)?,
             "--m" => {
                 o.ms = value
@@ -59,7 +66,7 @@ fn parse() -> std::result::Result<Options, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown option {other}; options: --rounds --k --n --m --dtypes"
+                    "unknown option {other}; options: --rounds --k --n --m --dtypes --weights"
                 ));
             }
         }
@@ -90,51 +97,64 @@ fn main() -> Result<()> {
         mlx_tensor::blas_info()
     );
     let mut out = std::io::stdout().lock();
-    let key = random::key(0)?;
     for &dtype in &o.dtypes {
-        let w = random::normal(&[o.k, o.n], Dtype::Float32, &key)?.as_type(dtype)?;
-        w.eval()?;
-        // On the CPU, the `[n, k]` layout the rows kernel reads (a copy, evaluated now).
-        let w_rows = if mlx_tensor::default_device() == mlx_tensor::Device::Cpu {
-            let w_rows = w.t()?.contiguous()?;
-            w_rows.eval()?;
-            Some(w_rows)
-        } else {
-            None
-        };
+        let mut ws = Vec::with_capacity(o.weights);
+        for i in 0..o.weights {
+            let w = random::normal(&[o.k, o.n], Dtype::Float32, &random::key(i as u64)?)?
+                .as_type(dtype)?;
+            w.eval()?;
+            // On the CPU, the `[n, k]` layout the rows kernel reads (a copy, evaluated now).
+            let w_rows = if mlx_tensor::default_device() == mlx_tensor::Device::Cpu {
+                let w_rows = w.t()?.contiguous()?;
+                w_rows.eval()?;
+                Some(w_rows)
+            } else {
+                None
+            };
+            ws.push((w, w_rows));
+        }
         for &m in &o.ms {
             let x = random::normal(&[m, o.k], Dtype::Float32, &random::key(m as u64)?)?
                 .as_type(dtype)?;
             x.eval()?;
-            let rows_kernel = w_rows
-                .as_ref()
-                .filter(|_| (1..=mlx_tensor::ops::ROWS_MATMUL_MAX_ROWS).contains(&m));
+            let rows_kernel =
+                ws[0].1.is_some() && (1..=mlx_tensor::ops::ROWS_MATMUL_MAX_ROWS).contains(&m);
             for kernel in ["matmul", "rows"] {
-                if kernel == "rows" && rows_kernel.is_none() {
+                if kernel == "rows" && !rows_kernel {
                     continue;
                 }
-                let product = || match rows_kernel {
-                    Some(w_rows) if kernel == "rows" => mlx_tensor::ops::rows_matmul_t(&x, w_rows),
-                    _ => x.matmul(&w),
+                // Every weight's product, evaluated together.
+                let product = || -> Result<()> {
+                    let outs = ws
+                        .iter()
+                        .map(|(w, w_rows)| match w_rows {
+                            Some(w_rows) if kernel == "rows" => {
+                                mlx_tensor::ops::rows_matmul_t(&x, w_rows)
+                            }
+                            _ => x.matmul(w),
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    mlx_tensor::eval(&outs)
                 };
                 // Two warm-up rounds: first-touch allocations and thread start-up.
                 for _ in 0..2 {
-                    product()?.eval()?;
+                    product()?;
                 }
                 let mut times: Vec<f64> = (0..o.rounds)
                     .map(|_| {
                         let t = Instant::now();
-                        product()?.eval()?;
+                        product()?;
                         Ok(t.elapsed().as_secs_f64() * 1e6)
                     })
                     .collect::<Result<_>>()?;
                 times.sort_by(f64::total_cmp);
                 let us = times[times.len() / 2];
                 let line = format!(
-                    r#"{{"bench":"gemm","kernel":"{kernel}","dtype":"{}","m":{m},"k":{},"n":{},"us":{us:.1}}}"#,
+                    r#"{{"bench":"gemm","kernel":"{kernel}","dtype":"{}","m":{m},"k":{},"n":{},"weights":{},"us":{us:.1}}}"#,
                     name(dtype),
                     o.k,
-                    o.n
+                    o.n,
+                    o.weights
                 );
                 let _ = writeln!(out, "{line}");
             }
