@@ -335,7 +335,9 @@ fn floor(
 ) -> Result<()> {
     let gbs = all
         .iter()
-        .filter(|r| r["kind"] == "bandwidth" && (r["op"] == "sum" || r["op"] == "gemv"))
+        .filter(|r| {
+            r["kind"] == "bandwidth" && ["sum", "gemv", "rows"].iter().any(|op| r["op"] == *op)
+        })
         .filter_map(|r| r["gb_per_s"].as_f64())
         .fold(0.0f64, f64::max);
     if gbs <= 0.0 {
