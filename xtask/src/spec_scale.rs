@@ -2,7 +2,11 @@
 //!
 //! `bench spec-scale [--shapes tiny,24l] [--dtypes bf16,f32] [--tokens 256] [--prompts 3]
 //! [--budget-s S] [--stage-cap-s S] [--work DIR] [--rows FILE] [--engines ours,mlx-lm]
-//! [--mlx-lm-plain] [--out FILE] [--no-report]`
+//! [--mlx-lm-plain] [--passes N] [--out FILE] [--no-report]`
+//!
+//! `--passes N` (default 1) runs ours N times over the prompts; its cases run
+//! interleaved request by request either way (see the runner example
+//! `scale-bench`), so a drift of the machine's speed falls on every case alike.
 //!
 //! `--mlx-lm-plain` runs mlx-lm plain only (no draft-model speculation: at the
 //! big shapes it takes most of a stage and its figures are known).
@@ -77,6 +81,7 @@ struct Opts {
     report: bool,
     /// mlx-lm plain only (`--mlx-lm-plain`).
     mlx_lm_plain: bool,
+    passes: usize,
 }
 
 fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
@@ -107,6 +112,7 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
         out: cmd::root().join(bench::RESULTS),
         report: true,
         mlx_lm_plain: false,
+        passes: 1,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -124,9 +130,15 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
             "--out" => o.out = PathBuf::from(val()?),
             "--no-report" => o.report = false,
             "--mlx-lm-plain" => o.mlx_lm_plain = true,
+            "--passes" => {
+                o.passes = val()?.parse().context("--passes: a whole number")?;
+                if o.passes == 0 {
+                    bail!("--passes: at least 1");
+                }
+            }
             other => bail!(
                 "unknown spec-scale option `{other}` (known: --shapes, --dtypes, --tokens, --prompts, \
-                 --budget-s, --stage-cap-s, --work, --rows, --engines, --mlx-lm-plain, --out, --no-report)"
+                 --budget-s, --stage-cap-s, --work, --rows, --engines, --mlx-lm-plain, --passes, --out, --no-report)"
             ),
         }
     }
@@ -377,6 +389,7 @@ fn run_with(o: &Opts, device: &Value) -> Result<Vec<Value>> {
         }
         let mut c = if st.engine == "ours" {
             args.extend(ours_extra(&st.shape));
+            args.extend(["--passes".into(), o.passes.to_string()]);
             bins::command(SCALE_BENCH, &args)?
         } else {
             let mut c = Command::new(python.as_ref().expect("checked above"));
@@ -749,6 +762,8 @@ mod tests {
         assert!(err(&["--dtypes", "f16"]).contains("not `f16`"));
         assert!(err(&["--prompts", "0"]).contains("--prompts takes 1 to 4"));
         assert!(err(&["--frobnicate"]).contains("unknown spec-scale option"));
+        assert!(err(&["--passes", "0"]).contains("--passes: at least 1"));
+        assert!(err(&["--passes", "two"]).contains("--passes: a whole number"));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //!
 //! `cargo run --release -p runner --example scale-bench -- --model DIR --prompts FILE
 //! [--shape NAME] [--dtype f32|bf16] [--depths auto,4,3,2,1] [--tokens N]
-//! [--ttft-tokens 1000,600] [--profile-depth 3|1,2,3,4|none] [--deadline-s S]`
+//! [--ttft-tokens 1000,600] [--profile-depth 3|1,2,3,4|none] [--passes N] [--deadline-s S]`
 //!
 //! `--prompts` is a JSON array of strings; each prompt is id 0 (`<|endoftext|>`,
 //! where training documents start) then the text's tokens, the ids
@@ -14,10 +14,11 @@
 //! * `kind: "decode"`, per (method, depth): `tokens_per_s` = tokens after each
 //!   run's first ÷ total decode time, over all prompts; `step_ms` (decode time per
 //!   token); `mean_accepted_length`, `acceptance_rate`, `per_position_acceptance`,
-//!   `depth_histogram` summed over the prompts (and, for auto, `depth_over_time`:
+//!   `depth_histogram` summed over the requests (and, for auto, `depth_over_time`:
 //!   the drafted depth of every round in order); `greedy_equal_plain` (every
-//!   prompt's tokens equal plain's) and `first_divergence` (`[prompt, token]`);
-//!   `ttft_ms` (mean over the prompts). Plain is `method: "off"`, `depth: 0`.
+//!   request's tokens equal plain's) and `first_divergence` (`[request, token]`);
+//!   `ttft_ms` (mean over the requests), `prompts` (requests per case).
+//!   Plain is `method: "off"`, `depth: 0`.
 //!   `round_costs`: a drafted round's mean wall time and its phases in ms
 //!   (host-side phases; see `runner::Phases`); `plain_phases_ms`: the plain
 //!   decoder's host time per token (build, dispatch, wait, emit; see
@@ -28,11 +29,18 @@
 //!   acceptance (its tokens/s is not comparable: extra syncs).
 //! * `kind: "ttft"`: a fresh plain request of `prompt_tokens` (1,000 first, then
 //!   another length) in this same process: `ttft_ms`, `request` (1, 2, ...).
-//! * `kind: "skipped"`: a case not started because `--deadline-s` (seconds
-//!   since start) would have passed before it ended, judged by the last case.
+//! * `kind: "skipped"`: work not started because `--deadline-s` (seconds
+//!   since start) would have passed before it ended: the timed cases' later
+//!   request blocks (`method: "all"`, judged by the last block) or a profiled
+//!   case (judged by the last case).
 //!
 //! Each case runs in one session, a 16-token warm-up first (kernels build
-//! and JIT there), then the prompts, as a server reuses its session.
+//! and JIT there), then its requests, as a server reuses its session. The
+//! timed cases run interleaved, request by request: `--passes` times over the
+//! prompts, each block (one prompt, every case once) starting one case later,
+//! so a drift of the machine's speed falls on every case alike. The profiled
+//! cases run after them, one at a time. `--deadline-s` ends the blocks early
+//! (a `skipped` row says how many requests ran).
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
@@ -206,6 +214,47 @@ fn divergence(want: &[Vec<u32>], got: &[Vec<u32>]) -> Option<(usize, usize)> {
     })
 }
 
+/// The `decode` (or, `profiled`, `round-profile`) row of case `c` over
+/// `requests` requests, its greedy output checked against `plain`'s.
+#[allow(clippy::too_many_arguments)]
+fn decode_row(
+    method: &str,
+    depth: DepthPolicy,
+    profiled: bool,
+    c: &Case,
+    plain: &[Vec<u32>],
+    weight_bytes: usize,
+    tokens: usize,
+    requests: usize,
+) -> Value {
+    let decode_s = c.decode.as_secs_f64();
+    let speculative = method != "off";
+    let first = divergence(plain, &c.outputs);
+    let s = &c.spec;
+    json!({
+        "kind": if profiled { "round-profile" } else { "decode" }, "method": method, "depth": depth_json(depth),
+        "round_costs": round_costs(&s.times),
+        "plain_phases_ms": (c.plain.tokens > 0).then(|| {
+            let [b, d, w, e] = c.plain.per_token_ms();
+            json!({"tokens": c.plain.tokens, "build": b, "dispatch": d, "wait": w, "emit": e})
+        }),
+        "tokens_per_s": if decode_s > 0.0 { c.timed_tokens as f64 / decode_s } else { 0.0 },
+        "step_ms": if c.timed_tokens > 0 { decode_s * 1e3 / c.timed_tokens as f64 } else { 0.0 },
+        "mean_accepted_length": if speculative && s.rounds > 0 { s.mean_accepted_length() } else { 1.0 },
+        "acceptance_rate": s.acceptance_rate(),
+        "per_position_acceptance": s.per_position_acceptance(),
+        "depth_histogram": if speculative { json!(s.depth_histogram()) } else { Value::Null },
+        // The auto controller's depth per round, all requests in order (drafted tokens).
+        "depth_over_time": if matches!(depth, DepthPolicy::Auto { .. }) { json!(s.depth_over_time) } else { Value::Null },
+        "rounds": s.rounds,
+        "greedy_equal_plain": if speculative { json!(first.is_none()) } else { json!(true) },
+        "first_divergence": first.map(|(p, t)| json!([p, t])),
+        "ttft_ms": if requests > 0 { c.prefill.as_secs_f64() * 1e3 / requests as f64 } else { 0.0 },
+        "generated_tokens": c.generated, "prompts": requests, "tokens": tokens,
+        "weight_bytes": weight_bytes,
+    })
+}
+
 // A benchmark binary: notes go to stderr, results to stdout.
 #[allow(clippy::print_stderr)]
 fn main() -> Res<()> {
@@ -216,6 +265,7 @@ fn main() -> Res<()> {
     let mut depths = "auto,4,3,2,1".to_owned();
     let mut profile: Vec<usize> = vec![3];
     let mut ttft = "1000,600".to_owned();
+    let mut passes = 1usize;
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
@@ -239,6 +289,7 @@ fn main() -> Res<()> {
                 };
             }
             "--ttft-tokens" => ttft = val()?,
+            "--passes" => passes = val()?.parse()?,
             "--deadline-s" => deadline = Some(Duration::from_secs_f64(val()?.parse()?)),
             other => return Err(format!("unknown argument {other}").into()),
         }
@@ -260,6 +311,9 @@ fn main() -> Res<()> {
         })?;
     if texts.is_empty() {
         return Err(format!("{}: no prompts", prompts_file.display()).into());
+    }
+    if passes == 0 {
+        return Err("--passes must be at least 1".into());
     }
     let depths: Vec<DepthPolicy> = depths.split(',').map(parse_depth).collect::<Res<_>>()?;
     let ttft: Vec<usize> = ttft
@@ -327,24 +381,101 @@ fn main() -> Res<()> {
             model.display()
         );
     }
-    let mut plain: Option<Vec<Vec<u32>>> = None;
-    let mut last_case: Option<Duration> = None;
-    for (i, (method, depth, profiled)) in cases.into_iter().enumerate() {
-        let d = depth_json(depth);
-        // The first MTP case may take several plain cases' time (slow rounds).
-        let guess = last_case.map(|t| if i == 1 { t * 3 } else { t });
-        if let (Some(limit), Some(g)) = (deadline, guess)
+    // The timed cases run interleaved: request by request, each block of
+    // requests (one prompt, every case once) starting at the next case, so a
+    // drift of the machine's speed (clocks, other processes, the first
+    // process of a fresh GPU machine) falls on every case alike.
+    let timed: Vec<(&str, DepthPolicy)> = cases
+        .iter()
+        .filter(|c| !c.2)
+        .map(|&(m, d, _)| (m, d))
+        .collect();
+    let mut sessions: Vec<Option<Session<'_>>> = timed.iter().map(|_| None).collect();
+    let mut sums: Vec<Case> = timed.iter().map(|_| Case::default()).collect();
+    let blocks = passes * prompts.len();
+    let mut last_block: Option<Duration> = None;
+    let mut ran = 0;
+    for b in 0..blocks {
+        // The first block also warms every case up (kernels build there).
+        if let (Some(limit), Some(g)) = (deadline, last_block)
             && start.elapsed() + g > limit
         {
             emit(&row(
-                json!({"kind": "skipped", "method": method, "depth": d,
+                json!({"kind": "skipped", "method": "all", "depth": "all",
+                "reason": format!("--deadline-s {}: ran {ran} of {blocks} requests per case (a request block took {:.1} s)",
+                                  limit.as_secs_f64(), g.as_secs_f64())}),
+            ))?;
+            break;
+        }
+        let block_start = Instant::now();
+        let ids = &prompts[b % prompts.len()];
+        for j in 0..timed.len() {
+            let i = (j + b) % timed.len();
+            let (method, depth) = timed[i];
+            let s = match &mut sessions[i] {
+                Some(s) => s,
+                slot => {
+                    let mut s = session(&m, method)?;
+                    generate(&m, &mut s, &prompts[0], &greedy(16, depth))?;
+                    slot.insert(s)
+                }
+            };
+            sums[i].add(generate(&m, s, ids, &greedy(tokens, depth))?);
+        }
+        last_block = Some(block_start.elapsed());
+        ran += 1;
+    }
+    drop(sessions);
+    let plain = sums[0].outputs.clone();
+    for ((method, depth), c) in timed.iter().copied().zip(&sums) {
+        emit(&row(decode_row(
+            method,
+            depth,
+            false,
+            c,
+            &plain,
+            weight_bytes,
+            tokens,
+            ran,
+        )))?;
+    }
+    // Time to first token: fresh plain requests of other prompt lengths.
+    let long: Vec<u32> = prompts
+        .iter()
+        .flatten()
+        .copied()
+        .cycle()
+        .take(ttft.iter().copied().max().unwrap_or(0))
+        .collect();
+    for (r, &n) in ttft.iter().enumerate() {
+        let n = n.min(m.model.context_length().saturating_sub(8));
+        let mut fresh = session(&m, "off")?;
+        let g = generate(
+            &m,
+            &mut fresh,
+            &long[..n],
+            &greedy(2, DepthPolicy::Fixed(0)),
+        )?;
+        emit(&row(
+            json!({"kind": "ttft", "method": "off", "depth": 0, "request": r + 1,
+                         "prompt_tokens": n, "ttft_ms": g.stats.prefill_time.as_secs_f64() * 1e3}),
+        ))?;
+    }
+    // The profiled depths after, one case at a time over the prompts.
+    let mut last_case = last_block.map(|t| t / timed.len().max(1) as u32 * 3);
+    for depth in cases.iter().filter(|c| c.2).map(|c| c.1) {
+        if let (Some(limit), Some(g)) = (deadline, last_case)
+            && start.elapsed() + g > limit
+        {
+            emit(&row(
+                json!({"kind": "skipped", "method": "mtp", "depth": depth_json(depth),
                              "reason": format!("--deadline-s {}: the last case took {:.1} s", limit.as_secs_f64(), g.as_secs_f64())}),
             ))?;
             continue;
         }
         let case_start = Instant::now();
-        runner::set_profile_rounds(profiled);
-        let mut s = session(&m, method)?;
+        runner::set_profile_rounds(true);
+        let mut s = session(&m, "mtp")?;
         generate(&m, &mut s, &prompts[0], &greedy(16, depth))?;
         let mut c = Case::default();
         for ids in &prompts {
@@ -352,63 +483,16 @@ fn main() -> Res<()> {
         }
         runner::set_profile_rounds(false);
         last_case = Some(case_start.elapsed());
-        let decode_s = c.decode.as_secs_f64();
-        let (equal, first) = match &plain {
-            Some(p) => {
-                let f = divergence(p, &c.outputs);
-                (Some(f.is_none()), f)
-            }
-            None => (None, None),
-        };
-        let s = &c.spec;
-        let speculative = method != "off";
-        emit(&row(json!({
-            "kind": if profiled { "round-profile" } else { "decode" }, "method": method, "depth": d,
-            "round_costs": round_costs(&s.times),
-            "plain_phases_ms": (c.plain.tokens > 0).then(|| {
-                let [b, d, w, e] = c.plain.per_token_ms();
-                json!({"tokens": c.plain.tokens, "build": b, "dispatch": d, "wait": w, "emit": e})
-            }),
-            "tokens_per_s": if decode_s > 0.0 { c.timed_tokens as f64 / decode_s } else { 0.0 },
-            "step_ms": if c.timed_tokens > 0 { decode_s * 1e3 / c.timed_tokens as f64 } else { 0.0 },
-            "mean_accepted_length": if speculative && s.rounds > 0 { s.mean_accepted_length() } else { 1.0 },
-            "acceptance_rate": s.acceptance_rate(),
-            "per_position_acceptance": s.per_position_acceptance(),
-            "depth_histogram": if speculative { json!(s.depth_histogram()) } else { Value::Null },
-            // The auto controller's depth per round, all prompts in order (drafted tokens).
-            "depth_over_time": if matches!(depth, DepthPolicy::Auto { .. }) { json!(s.depth_over_time) } else { Value::Null },
-            "rounds": s.rounds,
-            "greedy_equal_plain": if speculative { json!(equal) } else { json!(true) },
-            "first_divergence": first.map(|(p, t)| json!([p, t])),
-            "ttft_ms": c.prefill.as_secs_f64() * 1e3 / prompts.len() as f64,
-            "generated_tokens": c.generated, "prompts": prompts.len(), "tokens": tokens,
-            "weight_bytes": weight_bytes,
-        })))?;
-        if method == "off" {
-            plain = Some(c.outputs);
-            // Time to first token: fresh plain requests of other prompt lengths.
-            let long: Vec<u32> = prompts
-                .iter()
-                .flatten()
-                .copied()
-                .cycle()
-                .take(ttft.iter().copied().max().unwrap_or(0))
-                .collect();
-            for (r, &n) in ttft.iter().enumerate() {
-                let n = n.min(m.model.context_length().saturating_sub(8));
-                let mut fresh = session(&m, "off")?;
-                let g = generate(
-                    &m,
-                    &mut fresh,
-                    &long[..n],
-                    &greedy(2, DepthPolicy::Fixed(0)),
-                )?;
-                emit(&row(
-                    json!({"kind": "ttft", "method": "off", "depth": 0, "request": r + 1,
-                                 "prompt_tokens": n, "ttft_ms": g.stats.prefill_time.as_secs_f64() * 1e3}),
-                ))?;
-            }
-        }
+        emit(&row(decode_row(
+            "mtp",
+            depth,
+            true,
+            &c,
+            &plain,
+            weight_bytes,
+            tokens,
+            prompts.len(),
+        )))?;
     }
     // Skip static destructors: OpenBLAS's exit-time shutdown can hang (see `exit_now`).
     mlx_tensor::exit_now(0)
