@@ -4,8 +4,9 @@
 //! expert bytes as a real MoE's, so a verify over `k + 1` rows grows with the
 //! depth as it does on a real model.
 //!
-//! Like [`super::widen`] (whose writer it uses) only `std` and `serde_json`:
-//! the runner's upscale test includes this file too (`#[path]`).
+//! Like [`super::widen`] (whose writer, shape keys and shared checks it
+//! uses) only `std` and `serde_json`: the runner's upscale test includes
+//! this file too (`#[path]`).
 //!
 //! The rules, with `H → H'` the hidden width and `a = sqrt(H'/H)`:
 //! * The residual stream is carried `a` times larger: the embedding and every
@@ -64,7 +65,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::widen::{
-    self, BIAS, FC_GAIN, Fill, Out, OutDtype, PAD_WEIGHT, Seg, Src, Summary, bad, ident,
+    self, BIAS, FC_GAIN, Fill, Out, OutDtype, PAD_WEIGHT, Seg, ShapeKeys, Src, Summary, bad, ident,
 };
 
 /// A Qwen3.5-MoE target shape; head dimensions stay the source's.
@@ -127,39 +128,21 @@ pub(crate) fn parse_shape(s: &str) -> io::Result<MoeShape> {
             "unknown MoE shape `{s}`: use moe or key=value,... with the keys {KEYS}"
         )));
     }
-    let mut kv = BTreeMap::new();
-    for part in s.split(',') {
-        let (k, v) = part
-            .split_once('=')
-            .ok_or_else(|| bad(format!("shape `{s}`: `{part}` is not key=value")))?;
-        let n: usize = v
-            .trim()
-            .parse()
-            .map_err(|_| bad(format!("shape `{s}`: `{v}` is not a whole number")))?;
-        kv.insert(k.trim().to_owned(), n);
-    }
-    let mut get = |k: &str| {
-        kv.remove(k)
-            .ok_or_else(|| bad(format!("shape `{s}` has no `{k}=` (keys: {KEYS})")))
-    };
+    let hint = format!(" (keys: {KEYS})");
+    let mut kv = ShapeKeys::parse(s, &hint)?;
     let shape = MoeShape {
-        hidden: get("hidden")?,
-        layers: get("layers")?,
-        heads: get("heads")?,
-        kv_heads: get("kv_heads")?,
-        linear_key_heads: get("linear_key_heads")?,
-        linear_value_heads: get("linear_value_heads")?,
-        expert_copies: get("expert_copies")?,
-        moe_intermediate: get("moe_intermediate")?,
-        shared_intermediate: get("shared_intermediate")?,
-        vocab: get("vocab")?,
+        hidden: kv.take("hidden")?,
+        layers: kv.take("layers")?,
+        heads: kv.take("heads")?,
+        kv_heads: kv.take("kv_heads")?,
+        linear_key_heads: kv.take("linear_key_heads")?,
+        linear_value_heads: kv.take("linear_value_heads")?,
+        expert_copies: kv.take("expert_copies")?,
+        moe_intermediate: kv.take("moe_intermediate")?,
+        shared_intermediate: kv.take("shared_intermediate")?,
+        vocab: kv.take("vocab")?,
     };
-    if let Some(k) = kv.keys().next() {
-        return Err(bad(format!(
-            "shape `{s}`: unknown key `{k}` (keys: {KEYS})"
-        )));
-    }
-    Ok(shape)
+    kv.finish(shape)
 }
 
 /// Whether the model in `dir` is one this module widens (`qwen3_5_moe`).
@@ -318,13 +301,7 @@ impl Plan {
             ("shared_intermediate", new.shared_intermediate, old.shared_i),
             ("vocab", new.vocab, old.vocab),
         ];
-        for (k, n, o) in too_small {
-            if n < o {
-                return Err(bad(format!(
-                    "shape {k}={n} is smaller than the source's {o}: upscale only widens"
-                )));
-            }
-        }
+        widen::check_widens(&too_small)?;
         let groups = [
             (
                 "heads",
@@ -357,12 +334,7 @@ impl Plan {
                 )));
             }
         }
-        let bias_channel = (new.vocab > old.vocab).then_some(old.hidden);
-        if bias_channel.is_some() && new.hidden == old.hidden {
-            return Err(bad(
-                "padding the vocabulary needs one spare hidden channel (the padding logits' bias): widen hidden too".into(),
-            ));
-        }
+        let bias_channel = widen::bias_channel((old.hidden, new.hidden), (old.vocab, new.vocab))?;
         Ok(Plan {
             a: (new.hidden as f64 / old.hidden as f64).sqrt(),
             old,
@@ -386,23 +358,7 @@ impl Plan {
         scale: f64,
         zero: bool,
     ) -> Out {
-        self.map_as(name, name, shape, from, rows, cols, scale, zero)
-    }
-
-    /// As [`Plan::map`], written under `out` from the source tensor `name`.
-    #[allow(clippy::too_many_arguments)] // as `map`
-    fn map_as(
-        &mut self,
-        out: &str,
-        name: &str,
-        shape: Vec<usize>,
-        from: Vec<usize>,
-        rows: Vec<Seg>,
-        cols: Vec<Seg>,
-        scale: f64,
-        zero: bool,
-    ) -> Out {
-        let mut o = Out::zero(out.to_owned(), shape, self.dtype);
+        let mut o = Out::zero(name.to_owned(), shape, self.dtype);
         if zero {
             return o;
         }
@@ -422,6 +378,25 @@ impl Plan {
         o.dtype = OutDtype::F32;
         o.offset = 1.0;
         o
+    }
+
+    /// A `[r2, H']` projection that reads the residual stream: its `r` source
+    /// rows placed by `segs`, its hidden columns and its values kept.
+    fn reads(&mut self, name: &str, (r, r2): (usize, usize), segs: Vec<Seg>, zero: bool) -> Out {
+        let (h, h2) = (self.old.hidden, self.new.hidden);
+        self.map(name, vec![r2, h2], vec![r, h], segs, ident(h), 1.0, zero)
+    }
+
+    /// An `[H', c2]` projection that writes the residual stream, so scaled by
+    /// `a`: its `c` source columns placed by `segs`, its hidden rows kept.
+    fn writes(&mut self, name: &str, (c, c2): (usize, usize), segs: Vec<Seg>, zero: bool) -> Out {
+        let (h, h2) = (self.old.hidden, self.new.hidden);
+        self.map(name, vec![h2, c2], vec![h, c], ident(h), segs, self.a, zero)
+    }
+
+    /// A `[d]` norm over a head width (head widths never change): copied as it is.
+    fn head_norm(&mut self, name: &str, d: usize, zero: bool) -> Out {
+        self.map(name, vec![d], vec![d], ident(1), ident(d), 1.0, zero)
     }
 
     /// An f32 `[Vh']` per-value-head vector (`A_log`, `dt_bias`).
@@ -444,10 +419,9 @@ impl Plan {
     }
 
     /// The Gated DeltaNet tensors at `p` (`...layers.{i}.linear_attn`).
-    // Long: one mapping per tensor of the block, in the checkpoint's order.
     fn linear_attn(&mut self, p: &str, zero: bool) -> Vec<Out> {
         let (o, n) = (self.old.clone(), self.new);
-        let (h, h2, dk, dv) = (o.hidden, n.hidden, o.key_dim, o.value_dim);
+        let (dk, dv) = (o.key_dim, o.value_dim);
         let (kh, kh2) = (o.key_heads, n.linear_key_heads);
         let (vh, vh2) = (o.value_heads, n.linear_value_heads);
         let (r, r2) = (vh / kh, vh2 / kh2);
@@ -464,18 +438,9 @@ impl Plan {
         });
         qkv.extend(shift(vrows(), 2 * kt, 2 * kt2));
         let heads_1 = || blocks(vh, 1, |j| regroup(j, r, r2));
-        let a = self.a;
         let f = |s: &str| format!("{p}.{s}");
         vec![
-            self.map(
-                &f("in_proj_qkv.weight"),
-                vec![c2, h2],
-                vec![c, h],
-                qkv.clone(),
-                ident(h),
-                1.0,
-                zero,
-            ),
+            self.reads(&f("in_proj_qkv.weight"), (c, c2), qkv.clone(), zero),
             self.map(
                 &f("conv1d.weight"),
                 vec![c2, 1, o.conv],
@@ -485,126 +450,38 @@ impl Plan {
                 1.0,
                 zero,
             ),
-            self.map(
-                &f("in_proj_z.weight"),
-                vec![vh2 * dv, h2],
-                vec![vh * dv, h],
-                vrows(),
-                ident(h),
-                1.0,
-                zero,
-            ),
-            self.map(
-                &f("in_proj_a.weight"),
-                vec![vh2, h2],
-                vec![vh, h],
-                heads_1(),
-                ident(h),
-                1.0,
-                zero,
-            ),
-            self.map(
-                &f("in_proj_b.weight"),
-                vec![vh2, h2],
-                vec![vh, h],
-                heads_1(),
-                ident(h),
-                1.0,
-                zero,
-            ),
+            self.reads(&f("in_proj_z.weight"), (vh * dv, vh2 * dv), vrows(), zero),
+            self.reads(&f("in_proj_a.weight"), (vh, vh2), heads_1(), zero),
+            self.reads(&f("in_proj_b.weight"), (vh, vh2), heads_1(), zero),
             self.head_vector(&f("A_log"), zero),
             self.head_vector(&f("dt_bias"), zero),
-            self.map(
-                &f("norm.weight"),
-                vec![dv],
-                vec![dv],
-                ident(1),
-                ident(dv),
-                1.0,
-                zero,
-            ),
-            self.map(
-                &f("out_proj.weight"),
-                vec![h2, vh2 * dv],
-                vec![h, vh * dv],
-                ident(h),
-                vrows(),
-                a,
-                zero,
-            ),
+            self.head_norm(&f("norm.weight"), dv, zero),
+            self.writes(&f("out_proj.weight"), (vh * dv, vh2 * dv), vrows(), zero),
         ]
     }
 
     /// The gated attention tensors at `p` (`...self_attn`).
     fn self_attn(&mut self, p: &str, zero: bool) -> Vec<Out> {
         let (o, n) = (self.old.clone(), self.new);
-        let (h, h2, d) = (o.hidden, n.hidden, o.head_dim);
+        let d = o.head_dim;
         let (g, g2) = (o.heads / o.kv_heads, n.heads / n.kv_heads);
+        let (q, q2) = (o.heads * d, n.heads * d);
         let (kv, kv2) = (o.kv_heads * d, n.kv_heads * d);
-        let a = self.a;
+        let heads = |len: usize| blocks(o.heads, len, |i| regroup(i, g, g2));
         let f = |s: &str| format!("{p}.{s}");
         vec![
             // Per head: [query D | gate D], both moving with the head.
-            self.map(
-                &f("q_proj.weight"),
-                vec![2 * n.heads * d, h2],
-                vec![2 * o.heads * d, h],
-                blocks(o.heads, 2 * d, |i| regroup(i, g, g2)),
-                ident(h),
-                1.0,
-                zero,
-            ),
-            self.map(
-                &f("k_proj.weight"),
-                vec![kv2, h2],
-                vec![kv, h],
-                ident(kv),
-                ident(h),
-                1.0,
-                zero,
-            ),
-            self.map(
-                &f("v_proj.weight"),
-                vec![kv2, h2],
-                vec![kv, h],
-                ident(kv),
-                ident(h),
-                1.0,
-                zero,
-            ),
-            self.map(
-                &f("o_proj.weight"),
-                vec![h2, n.heads * d],
-                vec![h, o.heads * d],
-                ident(h),
-                blocks(o.heads, d, |i| regroup(i, g, g2)),
-                a,
-                zero,
-            ),
-            self.map(
-                &f("q_norm.weight"),
-                vec![d],
-                vec![d],
-                ident(1),
-                ident(d),
-                1.0,
-                zero,
-            ),
-            self.map(
-                &f("k_norm.weight"),
-                vec![d],
-                vec![d],
-                ident(1),
-                ident(d),
-                1.0,
-                zero,
-            ),
+            self.reads(&f("q_proj.weight"), (2 * q, 2 * q2), heads(2 * d), zero),
+            self.reads(&f("k_proj.weight"), (kv, kv2), ident(kv), zero),
+            self.reads(&f("v_proj.weight"), (kv, kv2), ident(kv), zero),
+            self.writes(&f("o_proj.weight"), (q, q2), heads(d), zero),
+            self.head_norm(&f("q_norm.weight"), d, zero),
+            self.head_norm(&f("k_norm.weight"), d, zero),
         ]
     }
 
     /// The MoE block at `p` (`...mlp`): router rows and experts copied
     /// `expert_copies` times, inner widths zero-padded.
-    // Long: one mapping per tensor of the block, in the checkpoint's order.
     fn moe(&mut self, p: &str, zero: bool) -> Vec<Out> {
         let (o, n) = (self.old.clone(), self.new);
         let (h, h2, e, m) = (o.hidden, n.hidden, o.experts, n.expert_copies);
@@ -645,16 +522,9 @@ impl Plan {
         }
         let a = self.a;
         let f = |x: &str| format!("{p}.{x}");
+        let shared = |x: &str| format!("{p}.shared_expert.{x}");
         vec![
-            self.map(
-                &f("gate.weight"),
-                vec![e2, h2],
-                vec![e, h],
-                copies(1, 1, 0),
-                ident(h),
-                1.0,
-                zero,
-            ),
+            self.reads(&f("gate.weight"), (e, e2), copies(1, 1, 0), zero),
             self.map(
                 &f("experts.gate_up_proj"),
                 vec![e2, 2 * i2, h2],
@@ -674,42 +544,10 @@ impl Plan {
                 a,
                 zero,
             ),
-            self.map(
-                &f("shared_expert.gate_proj.weight"),
-                vec![s2, h2],
-                vec![s, h],
-                ident(s),
-                ident(h),
-                1.0,
-                zero,
-            ),
-            self.map(
-                &f("shared_expert.up_proj.weight"),
-                vec![s2, h2],
-                vec![s, h],
-                ident(s),
-                ident(h),
-                1.0,
-                zero,
-            ),
-            self.map(
-                &f("shared_expert.down_proj.weight"),
-                vec![h2, s2],
-                vec![h, s],
-                ident(h),
-                ident(s),
-                a,
-                zero,
-            ),
-            self.map(
-                &f("shared_expert_gate.weight"),
-                vec![1, h2],
-                vec![1, h],
-                ident(1),
-                ident(h),
-                1.0,
-                zero,
-            ),
+            self.reads(&shared("gate_proj.weight"), (s, s2), ident(s), zero),
+            self.reads(&shared("up_proj.weight"), (s, s2), ident(s), zero),
+            self.writes(&shared("down_proj.weight"), (s, s2), ident(s), zero),
+            self.reads(&f("shared_expert_gate.weight"), (1, 1), ident(1), zero),
         ]
     }
 
@@ -745,38 +583,23 @@ impl Plan {
         let (h, h2, v, v2) = (o.hidden, n.hidden, o.vocab, n.vocab);
         let t = "model.language_model";
         let embed = format!("{t}.embed_tokens.weight");
-        let (a, inv) = (self.a, 1.0 / self.a);
-        let mut e = self.map(
-            &embed,
-            vec![v2, h2],
-            vec![v, h],
-            ident(v),
-            ident(h),
-            a,
-            false,
-        );
-        let mut head = if self.own_head {
+        let (a, inv, own_head) = (self.a, 1.0 / self.a, self.own_head);
+        // Untied (see the module docs): the embedding `·a`, `lm_head` `/a`.
+        let mut vocab = |name: &str, scale: f64| {
             self.map(
-                "lm_head.weight",
+                name,
                 vec![v2, h2],
                 vec![v, h],
                 ident(v),
                 ident(h),
-                inv,
-                false,
-            )
-        } else {
-            self.map_as(
-                "lm_head.weight",
-                &embed,
-                vec![v2, h2],
-                vec![v, h],
-                ident(v),
-                ident(h),
-                inv,
+                scale,
                 false,
             )
         };
+        let mut e = vocab(&embed, a);
+        // A tied source's `lm_head` is its embedding, written under the new name.
+        let mut head = vocab(if own_head { "lm_head.weight" } else { &embed }, inv);
+        head.name = "lm_head.weight".to_owned();
         if let Some(c) = self.bias_channel {
             e.fills.push(Fill {
                 rows: 0..v,
@@ -804,29 +627,11 @@ impl Plan {
                 vec![h2, 2 * h2],
                 vec![h, 2 * h],
                 ident(h),
-                vec![
-                    Seg {
-                        src: 0,
-                        dst: 0,
-                        len: h,
-                    },
-                    Seg {
-                        src: h,
-                        dst: h2,
-                        len: h,
-                    },
-                ],
+                widen::fc_cols(h, h2),
                 a,
                 false,
             );
-            if let Some(c) = self.bias_channel {
-                // The embedding half comes first (`mtp.fc` reads `[embed, hidden]`).
-                fc.fills.push(Fill {
-                    rows: c..c + 1,
-                    col: c,
-                    value: FC_GAIN,
-                });
-            }
+            fc.fills.extend(self.bias_channel.map(widen::fc_bias));
             outs.push(fc);
             outs.push(self.hidden_norm("mtp.pre_fc_norm_embedding.weight", inv, false));
             outs.push(self.hidden_norm("mtp.pre_fc_norm_hidden.weight", inv, false));
@@ -918,19 +723,8 @@ pub(crate) fn upscale(
         .map_err(|e| bad(format!("{}: {e}", config_path.display())))?;
     let old = Dims::from_config(&config, &config_path)?;
     let tensors = widen::read_safetensors(src)?;
-    let mtp_layers = tensors
-        .keys()
-        .filter_map(|k| {
-            k.strip_prefix("mtp.layers.")?
-                .split('.')
-                .next()?
-                .parse::<usize>()
-                .ok()
-        })
-        .max()
-        .map_or(0, |m| m + 1);
     let mut plan = Plan::new(old, *shape, dtype, tensors.contains_key("lm_head.weight"))?;
-    let outs = plan.tensors(mtp_layers);
+    let outs = plan.tensors(widen::mtp_layers(&tensors));
     check_placed(&plan.wants, &tensors)?;
     widen::prepare_out(out)?;
     let (files, total) = widen::write_all(src, out, &outs, &tensors, shard_bytes)?;

@@ -133,33 +133,60 @@ pub(crate) fn parse_shape(s: &str) -> io::Result<Shape> {
             names.join(", ")
         )));
     }
-    let mut kv = BTreeMap::new();
-    for part in s.split(',') {
-        let (k, v) = part
-            .split_once('=')
-            .ok_or_else(|| bad(format!("shape `{s}`: `{part}` is not key=value")))?;
-        let n: usize = v
-            .trim()
-            .parse()
-            .map_err(|_| bad(format!("shape `{s}`: `{v}` is not a whole number")))?;
-        kv.insert(k.trim().to_owned(), n);
-    }
-    let mut get = |k: &str| {
-        kv.remove(k)
-            .ok_or_else(|| bad(format!("shape `{s}` has no `{k}=`")))
-    };
+    let mut kv = ShapeKeys::parse(s, "")?;
     let shape = Shape {
-        hidden: get("hidden")?,
-        intermediate: get("intermediate")?,
-        layers: get("layers")?,
-        heads: get("heads")?,
-        kv_heads: get("kv_heads")?,
-        vocab: get("vocab")?,
+        hidden: kv.take("hidden")?,
+        intermediate: kv.take("intermediate")?,
+        layers: kv.take("layers")?,
+        heads: kv.take("heads")?,
+        kv_heads: kv.take("kv_heads")?,
+        vocab: kv.take("vocab")?,
     };
-    if let Some(k) = kv.keys().next() {
-        return Err(bad(format!("shape `{s}`: unknown key `{k}`")));
+    kv.finish(shape)
+}
+
+/// The whole numbers of a `key=value,...` shape, for the dense and the MoE
+/// [`parse_shape`]: each key is taken once, and a key left over is an error.
+pub(crate) struct ShapeKeys<'a> {
+    spec: &'a str,
+    /// Appended to a missing or unknown key's message (the keys to use), or empty.
+    hint: &'a str,
+    left: BTreeMap<String, usize>,
+}
+
+impl<'a> ShapeKeys<'a> {
+    /// Splits `spec` into its keys and whole-number values.
+    pub(crate) fn parse(spec: &'a str, hint: &'a str) -> io::Result<ShapeKeys<'a>> {
+        let mut left = BTreeMap::new();
+        for part in spec.split(',') {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| bad(format!("shape `{spec}`: `{part}` is not key=value")))?;
+            let n: usize = v
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("shape `{spec}`: `{v}` is not a whole number")))?;
+            left.insert(k.trim().to_owned(), n);
+        }
+        Ok(ShapeKeys { spec, hint, left })
     }
-    Ok(shape)
+
+    /// The value of `key`, which the shape must have.
+    pub(crate) fn take(&mut self, key: &str) -> io::Result<usize> {
+        let (spec, hint) = (self.spec, self.hint);
+        self.left
+            .remove(key)
+            .ok_or_else(|| bad(format!("shape `{spec}` has no `{key}=`{hint}")))
+    }
+
+    /// `shape`, once every key has been taken.
+    pub(crate) fn finish<T>(self, shape: T) -> io::Result<T> {
+        let (spec, hint) = (self.spec, self.hint);
+        match self.left.keys().next() {
+            Some(k) => Err(bad(format!("shape `{spec}`: unknown key `{k}`{hint}"))),
+            None => Ok(shape),
+        }
+    }
 }
 
 /// The stored dtype of the upscale's big weights.
@@ -615,6 +642,74 @@ impl Out {
     }
 }
 
+/// Refuses a shape that narrows a width: each `(key, shape's, source's)`.
+pub(crate) fn check_widens(widths: &[(&str, usize, usize)]) -> io::Result<()> {
+    for &(k, n, o) in widths {
+        if n < o {
+            return Err(bad(format!(
+                "shape {k}={n} is smaller than the source's {o}: upscale only widens"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The bias channel `c = H` when the vocabulary grows from `v` to `v2` (see
+/// the module docs), which needs the hidden width `h → h2` to grow too.
+pub(crate) fn bias_channel(
+    (h, h2): (usize, usize),
+    (v, v2): (usize, usize),
+) -> io::Result<Option<usize>> {
+    let c = (v2 > v).then_some(h);
+    if c.is_some() && h2 == h {
+        return Err(bad(
+            "padding the vocabulary needs one spare hidden channel (the padding logits' bias): widen hidden too".into(),
+        ));
+    }
+    Ok(c)
+}
+
+/// The columns of the MTP head's `fc` (`[H, 2H]` → `[H', 2H']`): each input
+/// half of `h` keeps its place, at column 0 and at `h2`.
+pub(crate) fn fc_cols(h: usize, h2: usize) -> Vec<Seg> {
+    vec![
+        Seg {
+            src: 0,
+            dst: 0,
+            len: h,
+        },
+        Seg {
+            src: h,
+            dst: h2,
+            len: h,
+        },
+    ]
+}
+
+/// `fc`'s copy of the bias channel `c` from its embedding half (the first
+/// in the Qwen layout, `[embed, hidden]`) into its own stream.
+pub(crate) fn fc_bias(c: usize) -> Fill {
+    Fill {
+        rows: c..c + 1,
+        col: c,
+        value: FC_GAIN,
+    }
+}
+
+/// How many MTP layers (`mtp.layers.{i}.*`) the source has.
+pub(crate) fn mtp_layers(src: &BTreeMap<String, Src>) -> usize {
+    src.keys()
+        .filter_map(|k| {
+            k.strip_prefix("mtp.layers.")?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .max()
+        .map_or(0, |m| m + 1)
+}
+
 /// How the source maps onto the target shape.
 #[derive(Debug)]
 struct Plan {
@@ -649,13 +744,7 @@ impl Plan {
             ("kv_heads", new.kv_heads, old.kv_heads),
             ("vocab", new.vocab, old.vocab),
         ];
-        for (k, n, o) in too_small {
-            if n < o {
-                return Err(bad(format!(
-                    "shape {k}={n} is smaller than the source's {o}: upscale only widens"
-                )));
-            }
-        }
+        check_widens(&too_small)?;
         if old.kv_heads == 0
             || !old.heads.is_multiple_of(old.kv_heads)
             || new.kv_heads == 0
@@ -671,12 +760,7 @@ impl Plan {
                 "shape heads/kv_heads = {g2} is below the source's group of {g}: each old query head must keep its KV head"
             )));
         }
-        let bias_channel = (new.vocab > old.vocab).then_some(old.hidden);
-        if bias_channel.is_some() && new.hidden == old.hidden {
-            return Err(bad(
-                "padding the vocabulary needs one spare hidden channel (the padding logits' bias): widen hidden too".into(),
-            ));
-        }
+        let bias_channel = bias_channel((old.hidden, new.hidden), (old.vocab, new.vocab))?;
         let eps0 = config["rms_norm_eps"]
             .as_f64()
             .ok_or_else(|| bad(format!("{}: no `rms_norm_eps`", path.display())))?;
@@ -899,44 +983,15 @@ impl Plan {
                 "mtp.fc.weight",
                 vec![n.hidden, 2 * n.hidden],
                 ident(h),
-                vec![
-                    Seg {
-                        src: 0,
-                        dst: 0,
-                        len: h,
-                    },
-                    Seg {
-                        src: h,
-                        dst: n.hidden,
-                        len: h,
-                    },
-                ],
+                fc_cols(h, n.hidden),
                 1.0,
             );
-            if let Some(c) = self.bias_channel {
-                // The embedding half comes first in the Qwen layout (`mtp.fc`).
-                fc.fills.push(Fill {
-                    rows: c..c + 1,
-                    col: c,
-                    value: FC_GAIN,
-                });
-            }
+            fc.fills.extend(self.bias_channel.map(fc_bias));
             outs.push(fc);
             outs.push(self.hidden_norm("mtp.pre_fc_norm_embedding.weight", Some(1.0)));
             outs.push(self.hidden_norm("mtp.pre_fc_norm_hidden.weight", None));
             outs.push(self.hidden_norm("mtp.norm.weight", Some(1.0)));
-            let mtp_layers = src
-                .keys()
-                .filter_map(|k| {
-                    k.strip_prefix("mtp.layers.")?
-                        .split('.')
-                        .next()?
-                        .parse::<usize>()
-                        .ok()
-                })
-                .max()
-                .map_or(0, |m| m + 1);
-            for l in 0..mtp_layers {
+            for l in 0..mtp_layers(src) {
                 outs.extend(self.layer(&format!("mtp.layers.{l}"), false, &has));
             }
         }

@@ -3,6 +3,7 @@
 
 pub(crate) mod chi2;
 pub(crate) mod parity;
+pub(crate) mod upscale;
 // One copy of the own-process runner, kept with mlx-tensor's test helpers.
 #[path = "../../../mlx-tensor/tests/it/common/own_process.rs"]
 mod own_process;
