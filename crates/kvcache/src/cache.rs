@@ -94,6 +94,14 @@ pub trait Cache: fmt::Debug {
     /// The window size of a sliding-window cache.
     fn max_size(&self) -> Option<usize>;
 
+    /// Asks for room for `positions` positions in all, so that the writes up
+    /// to there allocate once (at the next write) instead of growing step by
+    /// step. A hint: caches without growing buffers ignore it, and a smaller
+    /// value than the buffers hold never shrinks them.
+    fn reserve(&mut self, positions: usize) {
+        let _ = positions;
+    }
+
     /// This cache as a [`RecurrentCache`], for the layers that own one.
     fn as_recurrent(&self) -> Option<&RecurrentCache> {
         None

@@ -31,6 +31,9 @@ pub struct KvCache {
     /// older zero-copy marks are refused instead of restoring other data.
     epoch: u64,
     allocations: usize,
+    /// Positions [`Cache::reserve`] asked room for: the next growth goes at
+    /// least this far.
+    reserved: usize,
     schedule: Schedule,
 }
 
@@ -50,6 +53,7 @@ impl KvCache {
             origin: NEXT_ORIGIN.fetch_add(1, Ordering::Relaxed),
             epoch: 0,
             allocations: 0,
+            reserved: 0,
             schedule: Schedule::default(),
         }
     }
@@ -72,8 +76,8 @@ impl KvCache {
             check_fits("values", v, values)?;
         }
         let end = at + len;
-        if self.capacity() < end {
-            let cap = round_up(end);
+        if self.capacity() < end.max(self.reserved) {
+            let cap = round_up(end.max(self.reserved));
             self.keys = Some(grow(self.keys.as_ref(), keys, at, cap)?);
             self.values = Some(grow(self.values.as_ref(), values, at, cap)?);
             self.allocations += 1;
@@ -229,5 +233,9 @@ impl Cache for KvCache {
 
     fn max_size(&self) -> Option<usize> {
         None
+    }
+
+    fn reserve(&mut self, positions: usize) {
+        self.reserved = positions;
     }
 }

@@ -94,6 +94,24 @@ pub struct Generation {
     pub speculation: Option<SpecStats>,
 }
 
+/// Most generated positions a request reserves cache room for up front
+/// (beyond them the caches grow in 256-position steps as they fill): a
+/// request asking for a huge budget does not hold that memory from its start.
+const RESERVE_AHEAD: usize = 4096;
+/// Positions reserved past the budget: a round's drafts run ahead of what
+/// it commits (the deepest auto depth is 6).
+const RESERVE_MARGIN: usize = 8;
+
+thread_local! {
+    static RESERVE: crate::switch::Flag = const { std::cell::Cell::new(None) };
+}
+
+/// Whether requests reserve their caches' room up front (on by default;
+/// `MTP_KV_RESERVE=0` grows them step by step as they fill).
+fn reserve_caches() -> bool {
+    crate::switch::get(&RESERVE, "MTP_KV_RESERVE", true)
+}
+
 impl Session<'_> {
     /// Generates a continuation of `prompt`, calling `on_text` with each piece of text.
     ///
@@ -125,6 +143,23 @@ impl Session<'_> {
             drafter,
             depth_memory,
         } = &mut *self;
+        if reserve_caches() {
+            // Room for the whole request in the attention caches from the
+            // prefill on: growing them step by step mid-decode stalls a
+            // round each time (fresh buffers, copies, new shapes).
+            let end = target.committed().len()
+                + body.len()
+                + 1
+                + max_tokens.min(RESERVE_AHEAD)
+                + RESERVE_MARGIN;
+            let end = end.min(model.context_length());
+            target.reserve(end);
+            if let Some(d) = drafter.as_mut() {
+                for c in d.paired_caches_mut() {
+                    c.reserve(end);
+                }
+            }
+        }
         // One draft run for the prefill and the decode: an MTP run carries
         // the last hidden from one to the other.
         let mut draft = match drafter.as_mut() {

@@ -47,6 +47,38 @@ fn grows_in_256_slot_steps_not_per_token() {
 }
 
 #[test]
+fn a_reserve_allocates_once_for_the_positions_asked_and_keeps_the_contents() {
+    // Before the first write: the first write allocates room for all 600.
+    let mut c = KvCache::new();
+    c.reserve(600);
+    let mut history = Vec::new();
+    for i in 0..600u32 {
+        history.push(i % 7);
+        let (k, v) = kv_for(&history, c.offset());
+        c.update_and_fetch(&k, &v).unwrap();
+        if i % 64 == 63 {
+            mlx_tensor::eval(&c.state()).unwrap();
+        }
+    }
+    assert_eq!((c.capacity(), c.allocations()), (768, 1));
+    assert_matches_fresh(Kind::Kv, &c, &history, "reserved before the first write");
+    // After writes: the next write grows once to the reserve, keeping what is there.
+    let mut c = KvCache::new();
+    let mut history = vec![3; 100];
+    forward(Kind::Kv, &mut c, &history);
+    c.reserve(1000);
+    history.push(4);
+    forward(Kind::Kv, &mut c, &history);
+    assert_eq!((c.capacity(), c.allocations()), (1024, 2));
+    assert_matches_fresh(Kind::Kv, &c, &history, "grown to a later reserve");
+    // A smaller reserve never shrinks the buffers.
+    c.reserve(10);
+    history.push(5);
+    forward(Kind::Kv, &mut c, &history);
+    assert_eq!((c.capacity(), c.allocations()), (1024, 2));
+}
+
+#[test]
 fn rewind_keeps_capacity_and_later_writes_overwrite_dead_slots() {
     let mut c = KvCache::new();
     let mut history = vec![1; 300];

@@ -66,6 +66,13 @@ impl<'m> Target<'m> {
         &self.caches
     }
 
+    /// Asks every cache for room for `positions` positions (see [`Cache::reserve`]).
+    pub(crate) fn reserve(&mut self, positions: usize) {
+        for c in &mut self.caches {
+            c.reserve(positions);
+        }
+    }
+
     /// The caches' common offset.
     ///
     /// # Panics
