@@ -117,16 +117,25 @@ fn session<'m>(m: &'m LoadedModel, method: &str) -> Res<Session<'m>> {
     })
 }
 
-/// One generation in `s` (a session reused across a case's requests, as a
-/// server reuses its session: prefix reuse, and the auto depth controller
-/// starting each request from what the last one learned).
+/// One generation of the whole prompt `ids` in `s`, a session reused across
+/// a case's requests as a server reuses its session: it keeps the prefix
+/// `ids` shares with what the session holds and rewinds the rest (so the
+/// requests do not pile up in one context), and the auto depth controller
+/// starts each request from what the last one learned.
 fn generate(
     m: &LoadedModel,
     s: &mut Session<'_>,
     ids: &[u32],
     opts: &GenerateOptions,
 ) -> Res<Generation> {
-    Ok(s.generate(&m.tokenizer, ids, opts, &AtomicBool::new(false), |_| {})?)
+    let n = s.reuse_prefix(ids)?;
+    Ok(s.generate(
+        &m.tokenizer,
+        &ids[n..],
+        opts,
+        &AtomicBool::new(false),
+        |_| {},
+    )?)
 }
 
 /// Sums of one case over the prompts.
