@@ -106,6 +106,28 @@ thread_local! {
     static RESERVE: crate::switch::Flag = const { std::cell::Cell::new(None) };
 }
 
+/// Room for the whole request in the attention caches from the prefill on
+/// (`prompt` tokens still to forward, then the seed and `max_tokens`):
+/// growing them step by step mid-decode stalls a round each time (fresh
+/// buffers, copies, new shapes).
+fn reserve(
+    target: &mut Target<'_>,
+    drafter: Option<&mut crate::drafter::Drafter<'_>>,
+    prompt: usize,
+    max_tokens: usize,
+) {
+    if !reserve_caches() {
+        return;
+    }
+    let end =
+        target.committed().len() + prompt + 1 + max_tokens.min(RESERVE_AHEAD) + RESERVE_MARGIN;
+    let end = end.min(target.model().context_length());
+    target.reserve(end);
+    for c in drafter.map_or(&mut [][..], |d| d.paired_caches_mut()) {
+        c.reserve(end);
+    }
+}
+
 /// Whether requests reserve their caches' room up front (on by default;
 /// `MTP_KV_RESERVE=0` grows them step by step as they fill).
 fn reserve_caches() -> bool {
@@ -143,23 +165,7 @@ impl Session<'_> {
             drafter,
             depth_memory,
         } = &mut *self;
-        if reserve_caches() {
-            // Room for the whole request in the attention caches from the
-            // prefill on: growing them step by step mid-decode stalls a
-            // round each time (fresh buffers, copies, new shapes).
-            let end = target.committed().len()
-                + body.len()
-                + 1
-                + max_tokens.min(RESERVE_AHEAD)
-                + RESERVE_MARGIN;
-            let end = end.min(model.context_length());
-            target.reserve(end);
-            if let Some(d) = drafter.as_mut() {
-                for c in d.paired_caches_mut() {
-                    c.reserve(end);
-                }
-            }
-        }
+        reserve(target, drafter.as_mut(), body.len(), max_tokens);
         // One draft run for the prefill and the decode: an MTP run carries
         // the last hidden from one to the other.
         let mut draft = match drafter.as_mut() {
