@@ -117,6 +117,19 @@ fn session<'m>(m: &'m LoadedModel, method: &str) -> Res<Session<'m>> {
     })
 }
 
+/// A fresh session of `method`, warmed up by 16 tokens of `prompt` at
+/// `depth` (kernels build and JIT there, outside the timings).
+fn warmed<'m>(
+    m: &'m LoadedModel,
+    method: &str,
+    depth: DepthPolicy,
+    prompt: &[u32],
+) -> Res<Session<'m>> {
+    let mut s = session(m, method)?;
+    generate(m, &mut s, prompt, &greedy(16, depth))?;
+    Ok(s)
+}
+
 /// One generation of the whole prompt `ids` in `s`, a session reused across
 /// a case's requests as a server reuses its session: it keeps the prefix
 /// `ids` shares with what the session holds and rewinds the rest (so the
@@ -224,9 +237,8 @@ fn divergence(want: &[Vec<u32>], got: &[Vec<u32>]) -> Option<(usize, usize)> {
     })
 }
 
-/// The `decode` (or, `profiled`, `round-profile`) row of case `c` over
-/// `requests` requests, its greedy output checked against `plain`'s.
-#[allow(clippy::too_many_arguments)]
+/// The `decode` (or, `profiled`, `round-profile`) row of case `c`, its
+/// greedy output checked against `plain`'s.
 fn decode_row(
     method: &str,
     depth: DepthPolicy,
@@ -235,8 +247,8 @@ fn decode_row(
     plain: &[Vec<u32>],
     weight_bytes: usize,
     tokens: usize,
-    requests: usize,
 ) -> Value {
+    let requests = c.outputs.len();
     let decode_s = c.decode.as_secs_f64();
     let speculative = method != "off";
     let first = divergence(plain, &c.outputs);
@@ -377,34 +389,26 @@ fn main() -> Res<()> {
         })
         .collect::<Res<_>>()?;
 
-    let mut cases: Vec<(&str, DepthPolicy, bool)> = vec![("off", DepthPolicy::Fixed(0), false)];
+    // The timed cases run interleaved: request by request, each block of
+    // requests (one prompt, every case once) starting at the next case, so a
+    // drift of the machine's speed (clocks, other processes, the first
+    // process of a fresh GPU machine) falls on every case alike. The
+    // --profile-depth depths run after them with every round synced per
+    // phase: device time of the draft, the verify forward and the acceptance.
+    let mut timed: Vec<(&str, DepthPolicy)> = vec![("off", DepthPolicy::Fixed(0))];
     if m.model.mtp_head().is_some() {
-        cases.extend(depths.iter().map(|&d| ("mtp", d, false)));
-        // The --profile-depth depths again with every round synced per phase: device
-        // time of the draft, the verify forward and the acceptance.
-        for &p in &profile {
-            cases.push(("mtp", DepthPolicy::Fixed(p), true));
-        }
+        timed.extend(depths.iter().map(|&d| ("mtp", d)));
     } else {
         eprintln!(
             "scale-bench: {} has no MTP head: plain only",
             model.display()
         );
+        profile.clear();
     }
-    // The timed cases run interleaved: request by request, each block of
-    // requests (one prompt, every case once) starting at the next case, so a
-    // drift of the machine's speed (clocks, other processes, the first
-    // process of a fresh GPU machine) falls on every case alike.
-    let timed: Vec<(&str, DepthPolicy)> = cases
-        .iter()
-        .filter(|c| !c.2)
-        .map(|&(m, d, _)| (m, d))
-        .collect();
     let mut sessions: Vec<Option<Session<'_>>> = timed.iter().map(|_| None).collect();
     let mut sums: Vec<Case> = timed.iter().map(|_| Case::default()).collect();
     let blocks = passes * prompts.len();
     let mut last_block: Option<Duration> = None;
-    let mut ran = 0;
     for b in 0..blocks {
         // The first block also warms every case up (kernels build there).
         if let (Some(limit), Some(g)) = (deadline, last_block)
@@ -412,7 +416,7 @@ fn main() -> Res<()> {
         {
             emit(&row(
                 json!({"kind": "skipped", "method": "all", "depth": "all",
-                "reason": format!("--deadline-s {}: ran {ran} of {blocks} requests per case (a request block took {:.1} s)",
+                "reason": format!("--deadline-s {}: ran {b} of {blocks} requests per case (a request block took {:.1} s)",
                                   limit.as_secs_f64(), g.as_secs_f64())}),
             ))?;
             break;
@@ -424,29 +428,23 @@ fn main() -> Res<()> {
             let (method, depth) = timed[i];
             let s = match &mut sessions[i] {
                 Some(s) => s,
-                slot => {
-                    let mut s = session(&m, method)?;
-                    generate(&m, &mut s, &prompts[0], &greedy(16, depth))?;
-                    slot.insert(s)
-                }
+                slot => slot.insert(warmed(&m, method, depth, &prompts[0])?),
             };
             sums[i].add(generate(&m, s, ids, &greedy(tokens, depth))?);
         }
         last_block = Some(block_start.elapsed());
-        ran += 1;
     }
     drop(sessions);
-    let plain = sums[0].outputs.clone();
+    let plain = &sums[0].outputs;
     for ((method, depth), c) in timed.iter().copied().zip(&sums) {
         emit(&row(decode_row(
             method,
             depth,
             false,
             c,
-            &plain,
+            plain,
             weight_bytes,
             tokens,
-            ran,
         )))?;
     }
     // Time to first token: fresh plain requests of other prompt lengths.
@@ -473,7 +471,7 @@ fn main() -> Res<()> {
     }
     // The profiled depths after, one case at a time over the prompts.
     let mut last_case = last_block.map(|t| t / timed.len().max(1) as u32 * 3);
-    for depth in cases.iter().filter(|c| c.2).map(|c| c.1) {
+    for depth in profile.iter().map(|&p| DepthPolicy::Fixed(p)) {
         if let (Some(limit), Some(g)) = (deadline, last_case)
             && start.elapsed() + g > limit
         {
@@ -485,8 +483,7 @@ fn main() -> Res<()> {
         }
         let case_start = Instant::now();
         runner::set_profile_rounds(true);
-        let mut s = session(&m, "mtp")?;
-        generate(&m, &mut s, &prompts[0], &greedy(16, depth))?;
+        let mut s = warmed(&m, "mtp", depth, &prompts[0])?;
         let mut c = Case::default();
         for ids in &prompts {
             c.add(generate(&m, &mut s, ids, &greedy(tokens, depth))?);
@@ -498,10 +495,9 @@ fn main() -> Res<()> {
             depth,
             true,
             &c,
-            &plain,
+            plain,
             weight_bytes,
             tokens,
-            prompts.len(),
         )))?;
     }
     // Skip static destructors: OpenBLAS's exit-time shutdown can hang (see `exit_now`).

@@ -125,6 +125,19 @@ impl<'m> Drafter<'m> {
         }
     }
 
+    /// Asks the drafter's caches (the MTP head's, or the draft model's) for
+    /// room for `positions` positions (see [`Cache::reserve`]).
+    pub(crate) fn reserve(&mut self, positions: usize) {
+        let caches = match self {
+            Drafter::Mtp(d) => d.head_mut().caches_mut(),
+            Drafter::Model(d) => d.caches_mut(),
+            Drafter::Ngram(_) => &mut [],
+        };
+        for c in caches {
+            c.reserve(positions);
+        }
+    }
+
     /// Whether a request re-runs the last committed token: the MTP head's
     /// open boundary pair needs the target hidden there with the first new
     /// token. Checks that the draft caches stand at or below that slot.

@@ -98,16 +98,14 @@ pub struct Generation {
 /// (beyond them the caches grow in 256-position steps as they fill): a
 /// request asking for a huge budget does not hold that memory from its start.
 const RESERVE_AHEAD: usize = 4096;
-/// Positions reserved past the budget: a round's drafts run ahead of what
-/// it commits (the deepest auto depth is 6).
-const RESERVE_MARGIN: usize = 8;
 
 thread_local! {
     static RESERVE: crate::switch::Flag = const { std::cell::Cell::new(None) };
 }
 
 /// Room for the whole request in the attention caches from the prefill on
-/// (`prompt` tokens still to forward, then the seed and `max_tokens`):
+/// (`prompt` tokens still to forward, then the seed, `max_tokens`, and the
+/// drafts a round runs past what it commits, at most `depth`'s deepest):
 /// growing them step by step mid-decode stalls a round each time (fresh
 /// buffers, copies, new shapes).
 fn reserve(
@@ -115,16 +113,19 @@ fn reserve(
     drafter: Option<&mut crate::drafter::Drafter<'_>>,
     prompt: usize,
     max_tokens: usize,
+    depth: DepthPolicy,
 ) {
     if !reserve_caches() {
         return;
     }
-    let end =
-        target.committed().len() + prompt + 1 + max_tokens.min(RESERVE_AHEAD) + RESERVE_MARGIN;
+    let deepest = match depth {
+        DepthPolicy::Fixed(n) | DepthPolicy::Auto { max: n } => n,
+    };
+    let end = target.committed().len() + prompt + 1 + max_tokens.min(RESERVE_AHEAD) + deepest;
     let end = end.min(target.model().context_length());
     target.reserve(end);
-    for c in drafter.map_or(&mut [][..], |d| d.paired_caches_mut()) {
-        c.reserve(end);
+    if let Some(d) = drafter {
+        d.reserve(end);
     }
 }
 
@@ -165,7 +166,7 @@ impl Session<'_> {
             drafter,
             depth_memory,
         } = &mut *self;
-        reserve(target, drafter.as_mut(), body.len(), max_tokens);
+        reserve(target, drafter.as_mut(), body.len(), max_tokens, opts.depth);
         // One draft run for the prefill and the decode: an MTP run carries
         // the last hidden from one to the other.
         let mut draft = match drafter.as_mut() {

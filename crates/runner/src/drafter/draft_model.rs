@@ -80,6 +80,11 @@ impl<'m> ModelDrafter<'m> {
         }
     }
 
+    /// The draft model's caches.
+    pub(crate) fn caches_mut(&mut self) -> &mut [Box<dyn Cache>] {
+        &mut self.caches
+    }
+
     /// The draft caches' offset (committed prefix plus any speculative tail).
     pub(crate) fn cache_offset(&self) -> usize {
         self.caches.first().map_or(0, |c| c.offset())
