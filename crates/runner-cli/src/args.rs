@@ -227,6 +227,26 @@ pub(crate) struct DecodeArgs {
     /// the best expected tokens per second; it may fall back to 0).
     #[arg(long, default_value = "auto", value_parser = parse_draft_tokens)]
     pub draft_tokens: DraftTokens,
+    /// Precision of the MTP head's drafting weights (its unembedding,
+    /// projection and block; the model itself keeps `--dtype`): `q8` or `q4`
+    /// read fewer bytes per drafted token, `off` drafts with the loaded
+    /// weights, `auto` picks what pays on this backend. The output is the
+    /// same either way; only acceptance can change.
+    #[arg(long, value_enum, default_value_t = DraftQuantArg::Auto)]
+    pub draft_quant: DraftQuantArg,
+}
+
+/// `--draft-quant`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum DraftQuantArg {
+    /// What pays on this backend (or `MTP_DRAFT_QUANT`).
+    Auto,
+    /// The weights as loaded.
+    Off,
+    /// 8-bit affine, groups of 64.
+    Q8,
+    /// 4-bit affine, groups of 64.
+    Q4,
 }
 
 /// `--speculative`.

@@ -22,13 +22,13 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 use mlx_tensor::{Device, Dtype};
-use runner::DepthPolicy;
 use runner::Message;
+use runner::{DepthPolicy, DraftQuant};
 use runner::{FinishReason, GenerateOptions, LoadOptions, SamplingOptions, Session, Speculation};
 
 use args::{
-    Cli, Command, DecodeArgs, DeviceArg, DraftTokens, DtypeArg, GenerateArgs, InfoArgs,
-    SpeculativeArg,
+    Cli, Command, DecodeArgs, DeviceArg, DraftQuantArg, DraftTokens, DtypeArg, GenerateArgs,
+    InfoArgs, SpeculativeArg,
 };
 
 /// Exit code for a usage error or bad input.
@@ -237,6 +237,12 @@ fn load_options(a: &DecodeArgs) -> LoadOptions {
     LoadOptions {
         dtype,
         allow_unused_tensors: a.allow_unused_tensors,
+        draft_quant: match a.draft_quant {
+            DraftQuantArg::Auto => DraftQuant::Auto,
+            DraftQuantArg::Off => DraftQuant::Off,
+            DraftQuantArg::Q8 => DraftQuant::Bits(8),
+            DraftQuantArg::Q4 => DraftQuant::Bits(4),
+        },
         ..LoadOptions::default()
     }
 }

@@ -67,6 +67,7 @@ const SWITCHES: &[&str] = &[
     "MTP_READ_CONTIGUOUS",
     "MTP_ATTENTION",
     "MTP_KV_RESERVE",
+    "MTP_DRAFT_QUANT",
     "MLX_CUDA_GRAPH_CACHE_SIZE",
     "MLX_CUDA_USE_CUDNN_SDPA",
     "MLX_USE_CUDA_GRAPHS",
@@ -349,8 +350,13 @@ fn main() -> Res<()> {
         .iter()
         .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), json!(v))))
         .collect();
+    // The MTP head's drafting precision this process loads with (bits, or "off").
+    let draft_quant = match runner::DraftQuant::Auto.resolve(mlx_tensor::default_device(), dtype)? {
+        Some(p) => json!(format!("q{}", p.bits)),
+        None => json!("off"),
+    };
     let base = json!({"bench": "spec-scale", "engine": "mtp-runner", "shape": shape,
-                      "dtype": dtype_name, "switches": switches});
+                      "dtype": dtype_name, "switches": switches, "draft_quant": draft_quant});
     let row = |extra: Value| {
         let mut r = base.clone();
         if let (Value::Object(r), Value::Object(e)) = (&mut r, extra) {

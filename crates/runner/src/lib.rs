@@ -111,6 +111,7 @@ pub use models::layers::LinearLayout;
 pub use models::sdpa::{AttentionPath, attention_path, set_attention_path};
 pub use models::skinny::{set_rows_kernel, set_rows_kernel_one_row};
 pub use prefix::{PrefixCache, Reuse, ReuseSource};
+pub use quant::{DraftQuant, QuantParams};
 pub use quantize::{QuantizeOptions, QuantizeReport, quantize_folder, quantize_folder_cancellable};
 /// The sampler crate, re-exported for callers that build options.
 pub use sampler;

@@ -13,6 +13,7 @@ use crate::models::layers::LinearLayout;
 use crate::models::mtp::MtpLayout;
 use crate::models::registry::{Family, resolve};
 use crate::models::trunk_ends::{MLX_DROPPED_MTP, unused};
+use crate::quant::DraftQuant;
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
 
@@ -27,6 +28,9 @@ pub struct LoadOptions {
     /// (by default an error naming them: the config would not describe the
     /// weights, and the output would be silently wrong).
     pub allow_unused_tensors: bool,
+    /// The precision of the MTP head's drafting weights (default: what pays
+    /// on this backend; see [`DraftQuant`]).
+    pub draft_quant: DraftQuant,
 }
 
 impl Default for LoadOptions {
@@ -35,6 +39,7 @@ impl Default for LoadOptions {
             dtype: Dtype::Float32,
             layout: LinearLayout::DEFAULT,
             allow_unused_tensors: false,
+            draft_quant: DraftQuant::Auto,
         }
     }
 }
@@ -65,8 +70,20 @@ pub fn load(
     let tokenizer = Tokenizer::load(dir, &config, &generation_config)?;
     let mut weights = Weights::load(dir, opts.dtype, progress)?;
     let info = ModelInfo::from_parts(family.name, &config, &weights);
-    let model = (family.build)(&config, &mut weights, opts.layout)?;
+    let mut model = (family.build)(&config, &mut weights, opts.layout)?;
     check_unused(family, &weights, opts.allow_unused_tensors)?;
+    let draft_quant = opts
+        .draft_quant
+        .resolve(mlx_tensor::default_device(), opts.dtype)?;
+    if let Some(p) = draft_quant
+        && model.quantize_draft_head(p)?
+    {
+        tracing::info!(
+            bits = p.bits,
+            group_size = p.group_size,
+            "MTP head drafts with quantized weights"
+        );
+    }
     tracing::info!(
         family = family.name,
         params = info.parameter_count,

@@ -254,3 +254,80 @@ impl QuantizedTensor {
         ]
     }
 }
+
+/// The precision of the MTP head's drafting weights (its unembedding,
+/// projection and block; the trunk keeps its own), chosen at load: see
+/// `MtpHead::quantized` for why any choice keeps the output exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DraftQuant {
+    /// `MTP_DRAFT_QUANT` (`off`, `q8`, `q4`) when set, else [`DraftQuant::default_for`].
+    #[default]
+    Auto,
+    /// The head drafts with the weights as loaded.
+    Off,
+    /// Affine quantization to this many bits (4 or 8), groups of 64.
+    Bits(u32),
+}
+
+/// The group size of a quantized draft head (MLX's and mlx-lm's default).
+pub(crate) const DRAFT_GROUP_SIZE: u32 = 64;
+
+impl DraftQuant {
+    /// Reads `off`, `q8` or `q4` (`auto` for [`DraftQuant::Auto`]).
+    pub fn parse(s: &str) -> Result<DraftQuant> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(DraftQuant::Auto),
+            "off" | "none" => Ok(DraftQuant::Off),
+            "q8" | "8" => Ok(DraftQuant::Bits(8)),
+            "q4" | "4" => Ok(DraftQuant::Bits(4)),
+            other => Err(Error::InvalidOption {
+                option: "draft-quant",
+                message: format!("`{other}` is not one of auto, off, q8, q4"),
+            }),
+        }
+    }
+
+    /// The choice without `MTP_DRAFT_QUANT`: what pays on `device` for a
+    /// model loaded in `dtype` (see docs/gpu.md, "draft head precision").
+    pub fn default_for(device: mlx_tensor::Device, dtype: mlx_tensor::Dtype) -> DraftQuant {
+        let _ = (device, dtype);
+        DraftQuant::Off
+    }
+
+    /// The parameters to quantize with, or `None` for full precision:
+    /// `Auto` resolved through `MTP_DRAFT_QUANT` (an unreadable value is an
+    /// error naming the variable) and then [`DraftQuant::default_for`].
+    pub fn resolve(
+        self,
+        device: mlx_tensor::Device,
+        dtype: mlx_tensor::Dtype,
+    ) -> Result<Option<QuantParams>> {
+        let chosen = match self {
+            DraftQuant::Auto => match std::env::var("MTP_DRAFT_QUANT") {
+                Ok(v) => match DraftQuant::parse(&v) {
+                    Ok(DraftQuant::Auto) => DraftQuant::default_for(device, dtype),
+                    Ok(q) => q,
+                    Err(_) => {
+                        return Err(Error::InvalidOption {
+                            option: "MTP_DRAFT_QUANT",
+                            message: format!("`{v}` is not one of auto, off, q8, q4"),
+                        });
+                    }
+                },
+                Err(_) => DraftQuant::default_for(device, dtype),
+            },
+            q => q,
+        };
+        match chosen {
+            DraftQuant::Bits(bits @ (4 | 8)) => Ok(Some(QuantParams {
+                group_size: DRAFT_GROUP_SIZE,
+                bits,
+            })),
+            DraftQuant::Bits(bits) => Err(Error::InvalidOption {
+                option: "draft-quant",
+                message: format!("{bits} bits: a draft head is quantized to 4 or 8 bits"),
+            }),
+            _ => Ok(None),
+        }
+    }
+}

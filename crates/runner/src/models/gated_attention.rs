@@ -8,9 +8,12 @@ use mlx_tensor::Array;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::models::attention::AttentionCore;
-use crate::models::layers::{Linear, LinearLayout, RmsNorm, linear, pre_norm_block, rms_norm};
+use crate::models::layers::{
+    Linear, LinearLayout, RmsNorm, linear, pre_norm_block, quantized_or_same, rms_norm,
+};
 use crate::models::moe::{FeedForward, MoeConfig};
 use crate::models::rope::Rope;
+use crate::quant::QuantParams;
 use crate::weights::Vars;
 
 /// Attention whose output is multiplied by `sigmoid(gate)` before `o_proj`.
@@ -130,5 +133,23 @@ impl GatedLayer {
         let mut v = self.attn.arrays();
         v.extend(self.mlp.arrays());
         v
+    }
+
+    /// The same layer with its projections affine-quantized to `p` where
+    /// they can be (a MoE feed-forward is kept): the MTP head's cheaper copy.
+    pub(crate) fn quantized_copy(&self, p: QuantParams) -> Result<GatedLayer> {
+        let a = &self.attn;
+        Ok(GatedLayer {
+            input_norm: self.input_norm.clone(),
+            attn: GatedAttention {
+                q: quantized_or_same(&a.q, p)?,
+                k: quantized_or_same(&a.k, p)?,
+                v: quantized_or_same(&a.v, p)?,
+                o: quantized_or_same(&a.o, p)?,
+                core: a.core.clone(),
+            },
+            post_norm: self.post_norm.clone(),
+            mlp: self.mlp.quantized_copy(p)?,
+        })
     }
 }

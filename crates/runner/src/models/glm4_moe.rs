@@ -300,4 +300,8 @@ impl Model for Glm4Moe {
     fn mtp_head(&self) -> Option<Box<dyn mtp_draft::DraftHead>> {
         self.ends.mtp_head()
     }
+
+    fn quantize_draft_head(&mut self, p: crate::quant::QuantParams) -> Result<bool> {
+        self.ends.quantize_mtp(p)
+    }
 }

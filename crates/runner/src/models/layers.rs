@@ -4,7 +4,7 @@ use mlx_tensor::{Array, fast};
 
 use crate::error::Result;
 use crate::models::skinny;
-use crate::quant::QuantizedTensor;
+use crate::quant::{QuantParams, QuantizedTensor};
 use crate::weights::{Vars, Weights};
 
 /// The linear module at `vb`: `weight` `[output, input]` (packed with
@@ -144,6 +144,26 @@ impl Linear {
     /// True when the weight is quantized.
     pub fn is_quantized(&self) -> bool {
         matches!(self.kernel, Kernel::Quantized(_))
+    }
+
+    /// A copy with the weight affine-quantized to `p` (the bias kept as it
+    /// is), for the draft head's own cheaper copy of a layer; `None` when the
+    /// layer is already quantized or its input width is not a multiple of
+    /// `p.group_size` (MLX's kernels need whole groups).
+    pub(crate) fn quantized_copy(&self, p: QuantParams) -> Result<Option<Linear>> {
+        let Kernel::Dense { wt, w, .. } = &self.kernel else {
+            return Ok(None);
+        };
+        let input = wt.dim(0);
+        if input <= 0 || input % p.group_size as i32 != 0 {
+            return Ok(None);
+        }
+        let weight = match w {
+            Some(w) => w.clone(),
+            None => wt.t()?,
+        };
+        let q = QuantizedTensor::quantize(&weight, p)?;
+        Ok(Some(Linear::from_quantized(q, self.bias.clone())))
     }
 
     /// One layer computing `parts` side by side (their outputs concatenated):
@@ -323,6 +343,11 @@ fn few_rows(x: &Array, w: &Array, cpu_rows: bool) -> Option<(i32, RowsKernel)> {
     skinny::applies(rows, w.dim(0), k, x.dtype()).then_some((rows, RowsKernel::Cuda))
 }
 
+/// `l` quantized to `p` (see [`Linear::quantized_copy`]), or `l` itself when it cannot be.
+pub(crate) fn quantized_or_same(l: &Linear, p: QuantParams) -> Result<Linear> {
+    Ok(l.quantized_copy(p)?.unwrap_or_else(|| l.clone()))
+}
+
 /// A token embedding table, dense or affine-quantized (mlx-lm quantizes it too).
 #[derive(Debug, Clone)]
 pub struct Embedding {
@@ -453,6 +478,33 @@ impl FusedLinear {
         }
     }
 
+    /// A copy with every part quantized to `p` (see [`Linear::quantized_copy`]);
+    /// `None` when no part could be.
+    pub(crate) fn quantized_copy(&self, p: QuantParams) -> Result<Option<FusedLinear>> {
+        Ok(match self {
+            FusedLinear::Joint { linear, widths } => {
+                linear.quantized_copy(p)?.map(|linear| FusedLinear::Joint {
+                    linear,
+                    widths: widths.clone(),
+                })
+            }
+            FusedLinear::Separate(parts) => {
+                let mut any = false;
+                let mut out = Vec::with_capacity(parts.len());
+                for part in parts {
+                    match part.quantized_copy(p)? {
+                        Some(q) => {
+                            any = true;
+                            out.push(q);
+                        }
+                        None => out.push(part.clone()),
+                    }
+                }
+                any.then_some(FusedLinear::Separate(out))
+            }
+        })
+    }
+
     /// The arrays to evaluate at load.
     pub(crate) fn arrays(&self) -> Vec<Array> {
         match self {
@@ -497,6 +549,19 @@ impl Mlp {
         let mut v = self.gate_up.arrays();
         v.extend(self.down.arrays());
         v
+    }
+
+    /// A copy with its projections quantized to `p` where they can be (see
+    /// [`Linear::quantized_copy`]).
+    pub(crate) fn quantized_copy(&self, p: QuantParams) -> Result<Mlp> {
+        Ok(Mlp {
+            gate_up: self
+                .gate_up
+                .quantized_copy(p)?
+                .unwrap_or_else(|| self.gate_up.clone()),
+            inter: self.inter,
+            down: quantized_or_same(&self.down, p)?,
+        })
     }
 
     /// Applies the MLP.

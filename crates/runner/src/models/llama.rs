@@ -8,12 +8,14 @@ use crate::error::Result;
 use crate::models::Model;
 use crate::models::attention::AttentionCore;
 use crate::models::layers::{
-    FusedLinear, Linear, LinearLayout, Mlp, RmsNorm, embedding, linear, pre_norm_block, rms_norm,
+    FusedLinear, Linear, LinearLayout, Mlp, RmsNorm, embedding, linear, pre_norm_block,
+    quantized_or_same, rms_norm,
 };
 use crate::models::moe::{FeedForward, MoeBlock, MoeConfig, MoeDefaults, Scoring};
 use crate::models::mtp::{MtpHead, MtpLayout};
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
+use crate::quant::QuantParams;
 use crate::weights::{Vars, Weights};
 use kvcache::{Cache, KvCache, RotatingKvCache};
 
@@ -259,6 +261,17 @@ impl Attention {
         v.extend(self.o.arrays());
         v
     }
+
+    fn quantized_copy(&self, p: QuantParams) -> Result<Attention> {
+        Ok(Attention {
+            qkv: self
+                .qkv
+                .quantized_copy(p)?
+                .unwrap_or_else(|| self.qkv.clone()),
+            o: quantized_or_same(&self.o, p)?,
+            core: self.core.clone(),
+        })
+    }
 }
 
 /// One decoder block: pre-norm attention and pre-norm SwiGLU, each with a residual.
@@ -335,6 +348,17 @@ impl Layer {
             &self.post_norm,
             |h| self.mlp.forward(h),
         )
+    }
+
+    /// The same block with its projections affine-quantized to `p` where
+    /// they can be (a MoE feed-forward is kept): the MTP head's cheaper copy.
+    pub(crate) fn quantized_copy(&self, p: QuantParams) -> Result<Layer> {
+        Ok(Layer {
+            input_norm: self.input_norm.clone(),
+            attn: self.attn.quantized_copy(p)?,
+            post_norm: self.post_norm.clone(),
+            mlp: self.mlp.quantized_copy(p)?,
+        })
     }
 
     /// The same block with every RMSNorm weight shifted by one (zero-centred checkpoints).
@@ -472,5 +496,9 @@ impl Model for Llama {
 
     fn mtp_head(&self) -> Option<Box<dyn mtp_draft::DraftHead>> {
         self.ends.mtp_head()
+    }
+
+    fn quantize_draft_head(&mut self, p: crate::quant::QuantParams) -> Result<bool> {
+        self.ends.quantize_mtp(p)
     }
 }

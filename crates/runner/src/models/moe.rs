@@ -68,6 +68,16 @@ impl FeedForward {
         }
     }
 
+    /// A copy whose dense MLP is quantized to `p` (a MoE block is kept as it
+    /// is: a row reads only its experts, so its bytes are not what a draft
+    /// step waits on).
+    pub(crate) fn quantized_copy(&self, p: crate::quant::QuantParams) -> Result<FeedForward> {
+        Ok(match self {
+            FeedForward::Dense(m) => FeedForward::Dense(m.quantized_copy(p)?),
+            FeedForward::Sparse(_) => self.clone(),
+        })
+    }
+
     /// The arrays to evaluate at load.
     pub(crate) fn arrays(&self) -> Vec<Array> {
         match self {

@@ -257,4 +257,8 @@ impl Model for Qwen3Next {
     fn mtp_head(&self) -> Option<Box<dyn mtp_draft::DraftHead>> {
         self.ends.mtp_head()
     }
+
+    fn quantize_draft_head(&mut self, p: crate::quant::QuantParams) -> Result<bool> {
+        self.ends.quantize_mtp(p)
+    }
 }

@@ -43,9 +43,19 @@ pub trait Model: std::fmt::Debug {
     /// request, when the checkpoint has one and the family wires it up.
     ///
     /// The seam for speculative decoding: the head shares the model's arrays
-    /// (clones are cheap handles). No family returns one yet.
+    /// (clones are cheap handles). `None` by default; the MTP families
+    /// return theirs.
     fn mtp_head(&self) -> Option<Box<dyn mtp_draft::DraftHead>> {
         None
+    }
+
+    /// Gives the MTP head drafting weights affine-quantized to `p` (its
+    /// unembedding, projection and, where the family provides it, its
+    /// block); the trunk keeps its own. False when there is no head to
+    /// quantize. See `MtpHead::quantized` for why the output is unchanged.
+    fn quantize_draft_head(&mut self, p: crate::quant::QuantParams) -> Result<bool> {
+        let _ = p;
+        Ok(false)
     }
 }
 

@@ -60,6 +60,16 @@ impl TrunkEnds {
             .map(|h| Box::new(h.fresh()) as Box<dyn mtp_draft::DraftHead>)
     }
 
+    /// Replaces the MTP head by its copy with drafting weights quantized to
+    /// `p` (see [`MtpHead::quantized`]); false when there is no head.
+    pub(crate) fn quantize_mtp(&mut self, p: crate::quant::QuantParams) -> Result<bool> {
+        let Some(head) = &self.mtp else {
+            return Ok(false);
+        };
+        self.mtp = Some(head.quantized(p)?);
+        Ok(true)
+    }
+
     /// The embedding's and unembedding's arrays, to evaluate at load.
     pub(crate) fn arrays(&self) -> Vec<Array> {
         let mut v = self.embed.arrays();

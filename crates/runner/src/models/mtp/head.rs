@@ -10,11 +10,12 @@ use super::layout::{MtpLayout, zero_centred_norms};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::models::gated_attention::GatedLayer;
-use crate::models::layers::{Embedding, Linear, LinearLayout, RmsNorm};
+use crate::models::layers::{Embedding, Linear, LinearLayout, RmsNorm, quantized_or_same};
 use crate::models::llama::{Layer, Variant};
 use crate::models::moe::MoeConfig;
 use crate::models::rope::Rope;
 use crate::models::trunk_ends::logits_f32;
+use crate::quant::QuantParams;
 use crate::weights::{Vars, Weights};
 
 /// A multi-token-prediction layer over a trunk's shared embedding and LM head.
@@ -170,6 +171,32 @@ impl MtpHead {
         }
     }
 
+    /// A copy whose drafting weights are affine-quantized to `p`: its
+    /// unembedding (a separate quantized copy when it is the trunk's, which
+    /// the verify keeps reading in full precision), its `2H → H` projection
+    /// and, where the family provides it, its decoder block. Layers already
+    /// quantized, or whose input width is not a multiple of the group size,
+    /// are kept.
+    ///
+    /// Why: a draft step reads one decoder layer plus the whole unembedding
+    /// (at a 151,936-token vocabulary and hidden 4,096 that is 1.24 GB in
+    /// bf16, three quarters of the step), and every drafted token pays it.
+    /// The draft's logits only decide which tokens are proposed and, when
+    /// sampling, the draft distribution `q` the acceptance test divides by;
+    /// the test uses the same `q` the tokens were drawn from, so the output
+    /// keeps the target's distribution (and greedy output equals plain)
+    /// whatever the head's precision. A coarser head can only lower acceptance.
+    pub(crate) fn quantized(&self, p: QuantParams) -> Result<MtpHead> {
+        let mut head = self.fresh();
+        head.proj = quantized_or_same(&self.proj, p)?;
+        head.lm_head = quantized_or_same(&self.lm_head, p)?;
+        if let Some(block) = self.block.quantized(p)? {
+            head.block = block;
+        }
+        mlx_tensor::eval(&head.arrays())?;
+        Ok(head)
+    }
+
     fn arrays(&self) -> Vec<Array> {
         let mut v = self.proj.arrays();
         v.extend(self.block.arrays());
@@ -259,6 +286,13 @@ pub(crate) trait HeadBlock: std::fmt::Debug {
     fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array>;
     /// The arrays to evaluate at load.
     fn arrays(&self) -> Vec<Array>;
+    /// The block with its projections affine-quantized to `p` (see
+    /// [`MtpHead::quantized`]); `None` where a family does not provide it,
+    /// and the head keeps its block as it is.
+    fn quantized(&self, p: QuantParams) -> Result<Option<Rc<dyn HeadBlock>>> {
+        let _ = p;
+        Ok(None)
+    }
 }
 
 impl HeadBlock for Layer {
@@ -269,6 +303,10 @@ impl HeadBlock for Layer {
     fn arrays(&self) -> Vec<Array> {
         Layer::arrays(self)
     }
+
+    fn quantized(&self, p: QuantParams) -> Result<Option<Rc<dyn HeadBlock>>> {
+        Ok(Some(Rc::new(self.quantized_copy(p)?)))
+    }
 }
 
 impl HeadBlock for GatedLayer {
@@ -278,5 +316,9 @@ impl HeadBlock for GatedLayer {
 
     fn arrays(&self) -> Vec<Array> {
         GatedLayer::arrays(self)
+    }
+
+    fn quantized(&self, p: QuantParams) -> Result<Option<Rc<dyn HeadBlock>>> {
+        Ok(Some(Rc::new(self.quantized_copy(p)?)))
     }
 }
