@@ -331,3 +331,101 @@ impl DraftQuant {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_tensor::{Device, Dtype};
+
+    /// `DraftQuant::parse(input)` is `want`, or an `InvalidOption` on
+    /// `draft-quant` naming the input and every accepted value.
+    fn check(input: &str, want: Option<DraftQuant>) {
+        match (DraftQuant::parse(input), want) {
+            (Ok(got), Some(want)) => assert_eq!(got, want, "parse({input:?})"),
+            (Err(e), None) => {
+                let Error::InvalidOption { option, message } = &e else {
+                    panic!("parse({input:?}): not InvalidOption: {e:?}");
+                };
+                assert_eq!(*option, "draft-quant", "parse({input:?})");
+                let named = format!("`{}`", input.trim().to_ascii_lowercase());
+                assert!(message.contains(&named), "parse({input:?}): {message}");
+                for accepted in ["auto", "off", "q8", "q4"] {
+                    assert!(message.contains(accepted), "parse({input:?}): {message}");
+                }
+            }
+            (got, want) => panic!("parse({input:?}) = {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn draft_quant_parses_its_names_and_rejects_the_rest() {
+        check("auto", Some(DraftQuant::Auto));
+        check("off", Some(DraftQuant::Off));
+        check("q8", Some(DraftQuant::Bits(8)));
+        check("q4", Some(DraftQuant::Bits(4)));
+        check("  Q4\n", Some(DraftQuant::Bits(4)));
+        check("AUTO", Some(DraftQuant::Auto));
+        check(" Off ", Some(DraftQuant::Off));
+        check("q3", None);
+        check("", None);
+        check("eight", None);
+        check("q16", None);
+        check("Q2", None);
+    }
+
+    #[test]
+    fn explicit_draft_quant_resolves_to_group_64_at_4_or_8_bits() {
+        for device in [Device::Cpu, Device::Gpu] {
+            for dtype in [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16] {
+                let resolve = |q: DraftQuant| q.resolve(device, dtype);
+                for bits in [4, 8] {
+                    assert_eq!(
+                        resolve(DraftQuant::Bits(bits)).unwrap(),
+                        Some(QuantParams {
+                            group_size: 64,
+                            bits
+                        }),
+                        "{bits} bits on {device:?} {dtype:?}"
+                    );
+                }
+                assert_eq!(resolve(DraftQuant::Off).unwrap(), None);
+                // MLX implements 3, 2, 5 and 6 bits too; a draft head takes 4 or 8 only.
+                for bits in [0, 2, 3, 16] {
+                    match resolve(DraftQuant::Bits(bits)) {
+                        Err(Error::InvalidOption { option, message }) => {
+                            assert_eq!(option, "draft-quant");
+                            assert!(
+                                message.contains(&format!("{bits} bits"))
+                                    && message.contains("4 or 8"),
+                                "{message}"
+                            );
+                        }
+                        other => panic!("Bits({bits}) resolved to {other:?}"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Without `MTP_DRAFT_QUANT`, `Auto` is [`DraftQuant::default_for`]. Read
+    /// only: tests share the process environment, so none sets the variable
+    /// (the CLI tests run the binary with it set), and when the caller's
+    /// environment sets it there is nothing to check here.
+    #[test]
+    fn auto_draft_quant_without_the_variable_is_the_backend_default() {
+        if std::env::var_os("MTP_DRAFT_QUANT").is_some() {
+            return;
+        }
+        for device in [Device::Cpu, Device::Gpu] {
+            for dtype in [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16] {
+                let default = DraftQuant::default_for(device, dtype);
+                assert_ne!(default, DraftQuant::Auto, "{device:?} {dtype:?}");
+                assert_eq!(
+                    DraftQuant::Auto.resolve(device, dtype).unwrap(),
+                    default.resolve(device, dtype).unwrap(),
+                    "{device:?} {dtype:?}"
+                );
+            }
+        }
+    }
+}

@@ -1,6 +1,8 @@
-//! `mtp-runner generate --speculative ... --draft-tokens ...` end to end: the
-//! `speculation` object of `--json` on the bundled tiny-mtp, greedy output equal
-//! to `--speculative off`, and the usage errors (exit 2, naming the flag).
+//! `mtp-runner generate --speculative ... --draft-tokens ... --draft-quant ...`
+//! end to end: the `speculation` object of `--json` on the bundled tiny-mtp,
+//! greedy output equal to `--speculative off` (with a quantized draft head too,
+//! chosen by the flag or `MTP_DRAFT_QUANT`), and the usage errors (exit 2,
+//! naming the flag).
 // The measured figures are reported on stderr (`-- --nocapture` shows them).
 #![allow(clippy::print_stderr)]
 
@@ -179,4 +181,99 @@ fn draft_tokens_out_of_range_is_a_usage_error() {
             "nothing generated for --draft-tokens {bad}"
         );
     }
+}
+
+/// `generate --json` on tiny-mtp with [`PROMPT`] and `rest`, `MTP_DRAFT_QUANT`
+/// set to `env` in the child only; checks the exit code and that stderr
+/// names each needle.
+fn draft_quant_run(rest: &[&str], env: Option<&str>, code: i32, needles: &[&str]) -> Output {
+    let dir = tiny();
+    let mut args = PROMPT.to_vec();
+    args.push("--json");
+    args.extend(rest);
+    let mut cmd = std::process::Command::new(common::BIN);
+    // Plain log lines (tracing reads NO_COLOR), so `-v`'s fields can be matched.
+    cmd.args(generate_args(&dir, &args))
+        .env_remove("MTP_DRAFT_QUANT")
+        .env("NO_COLOR", "1");
+    if let Some(v) = env {
+        cmd.env("MTP_DRAFT_QUANT", v);
+    }
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{rest:?} {env:?}: stderr {err}"
+    );
+    for n in needles {
+        assert!(
+            err.contains(n),
+            "{rest:?} {env:?}: stderr `{err}` should name `{n}`"
+        );
+    }
+    out
+}
+
+/// What `-v` logs when the MTP head is given quantized drafting weights.
+const QUANTIZED_LOG: &str = "MTP head drafts with quantized weights";
+
+/// A quantized draft head, chosen by the flag or by `MTP_DRAFT_QUANT` under
+/// `--draft-quant auto`, drafts (drafted > 0) and leaves greedy output equal
+/// to `--speculative off`; the flag wins over the variable. Whether the head
+/// was quantized is read from the `-v` log (bits included).
+#[test]
+fn draft_quant_keeps_greedy_output_and_the_variable_is_read_under_auto() {
+    let plain = json(&draft_quant_run(&["--speculative", "off"], None, 0, &[]));
+    // (flags, MTP_DRAFT_QUANT, the bits the head is quantized to).
+    let cases: [(&[&str], Option<&str>, Option<u32>); 6] = [
+        (&["--draft-quant", "q4"], None, Some(4)),
+        (&["--draft-quant", "q8"], None, Some(8)),
+        (&["--draft-quant", "off"], Some("q4"), None),
+        (&["--draft-quant", "q4"], Some("not-a-precision"), Some(4)),
+        (&["--draft-quant", "auto"], Some("q4"), Some(4)),
+        (&[], Some("Q8"), Some(8)),
+    ];
+    for (flags, env, bits) in cases {
+        let mut rest = vec!["-v", "--speculative", "mtp", "--draft-tokens", "3"];
+        rest.extend(flags);
+        let out = draft_quant_run(&rest, env, 0, &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        let case = format!("{flags:?} MTP_DRAFT_QUANT={env:?}");
+        match bits {
+            Some(b) => assert!(
+                err.contains(&format!("{QUANTIZED_LOG} bits={b} group_size=64")),
+                "{case}: stderr should log a q{b} head: {err}"
+            ),
+            None => assert!(!err.contains(QUANTIZED_LOG), "{case}: {err}"),
+        }
+        let v = json(&out);
+        assert_eq!(
+            v["token_ids"], plain["token_ids"],
+            "{case}: greedy output differs"
+        );
+        let s = check_speculation(&v, 3);
+        assert!(as_usize(&s, "drafted") > 0, "{case}: {s}");
+    }
+}
+
+#[test]
+fn bad_draft_quant_is_a_usage_error_naming_the_accepted_values() {
+    for bad in ["q9", "q3", "eight", ""] {
+        let out = draft_quant_run(
+            &["--draft-quant", bad],
+            None,
+            2,
+            &["--draft-quant", "possible values: auto, off, q8, q4"],
+        );
+        assert!(out.stdout.is_empty(), "nothing generated for {bad:?}");
+    }
+    // Under `auto` a bad variable is refused at load, naming it and its values.
+    let out = draft_quant_run(
+        &[],
+        Some("q9"),
+        2,
+        &["MTP_DRAFT_QUANT", "`q9`", "auto, off, q8, q4"],
+    );
+    assert!(out.stdout.is_empty());
 }

@@ -706,4 +706,82 @@ mod tests {
             "dense with quantized"
         );
     }
+
+    /// Largest |a - b| over the largest |b|: an error relative to the output's scale.
+    fn relative_diff(a: &Array, b: &Array) -> f32 {
+        let scale = b
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .fold(0.0f32, |m, x| m.max(x.abs()));
+        max_diff(a, b) / scale
+    }
+
+    /// A quantized copy of a dense layer (either layout, bias kept) computes
+    /// the dense product to the precision of its bits and really is
+    /// quantized (not bit-identical); a layer it cannot quantize (input not a
+    /// multiple of the group size, or already quantized) gives `None`.
+    /// Unit-normal weights and inputs, error over the output's largest |y|:
+    /// measured 0.0044 at 8 bits and 0.094 at 4 bits (`[96, 128]`), 0.08 and
+    /// 0.13 for the fused parts at 4 bits; the bounds below leave 2x margin
+    /// and a floor that a copy left dense would not pass.
+    #[test]
+    fn quantized_copy_approximates_the_dense_layer() {
+        let w = rand(&[96, 128], 50);
+        let bias = rand(&[96], 51);
+        let x = rand(&[1, 5, 128], 52);
+        for layout in [LinearLayout::TransposedView, LinearLayout::PreTransposed] {
+            let dense = Linear::from_weight(&w, Some(bias.clone()), layout).unwrap();
+            let want = dense.forward(&x).unwrap();
+            for (bits, lo, hi) in [(8, 1e-4, 0.01), (4, 1e-2, 0.25)] {
+                let p = QuantParams {
+                    group_size: 64,
+                    bits,
+                };
+                let q = dense
+                    .quantized_copy(p)
+                    .unwrap()
+                    .expect("128 inputs quantize");
+                assert!(q.is_quantized(), "{layout:?} q{bits}");
+                assert!(q.bias.is_some(), "{layout:?} q{bits}: bias kept");
+                let rel = relative_diff(&q.forward(&x).unwrap(), &want);
+                assert!(
+                    lo < rel && rel < hi,
+                    "{layout:?} q{bits}: relative error {rel}"
+                );
+                assert!(q.quantized_copy(p).unwrap().is_none(), "already quantized");
+            }
+        }
+        let p = QuantParams {
+            group_size: 64,
+            bits: 4,
+        };
+        let narrow =
+            Linear::from_weight(&rand(&[32, 96], 53), None, LinearLayout::DEFAULT).unwrap();
+        assert!(narrow.quantized_copy(p).unwrap().is_none(), "96 inputs");
+        // Fused: the stacked layer is quantized as one; apart, each part that can be.
+        let x = rand(&[1, 3, 128], 54);
+        let parts: Vec<Linear> = [(64, 128, 55), (32, 128, 56)]
+            .iter()
+            .map(|&(o, i, seed)| {
+                Linear::from_weight(&rand(&[o, i], seed), None, LinearLayout::DEFAULT).unwrap()
+            })
+            .collect();
+        let joint = FusedLinear::new(parts.clone(), vec![64, 32]).unwrap();
+        let separate = FusedLinear::Separate(parts.clone());
+        for fused in [joint, separate] {
+            let q = fused.quantized_copy(p).unwrap().expect("parts quantize");
+            assert_eq!(
+                std::mem::discriminant(&q),
+                std::mem::discriminant(&fused),
+                "same shape of fusion"
+            );
+            for (part, got) in parts.iter().zip(q.forward(&x).unwrap()) {
+                let rel = relative_diff(&got, &part.forward(&x).unwrap());
+                assert!(1e-2 < rel && rel < 0.25, "fused part: relative error {rel}");
+            }
+        }
+        let unquantizable = FusedLinear::Separate(vec![narrow]);
+        assert!(unquantizable.quantized_copy(p).unwrap().is_none());
+    }
 }
