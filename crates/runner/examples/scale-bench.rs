@@ -350,13 +350,8 @@ fn main() -> Res<()> {
         .iter()
         .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), json!(v))))
         .collect();
-    // The MTP head's drafting precision this process loads with (bits, or "off").
-    let draft_quant = match runner::DraftQuant::Auto.resolve(mlx_tensor::default_device(), dtype)? {
-        Some(p) => json!(format!("q{}", p.bits)),
-        None => json!("off"),
-    };
     let base = json!({"bench": "spec-scale", "engine": "mtp-runner", "shape": shape,
-                      "dtype": dtype_name, "switches": switches, "draft_quant": draft_quant});
+                      "dtype": dtype_name, "switches": switches});
     let row = |extra: Value| {
         let mut r = base.clone();
         if let (Value::Object(r), Value::Object(e)) = (&mut r, extra) {
@@ -375,7 +370,8 @@ fn main() -> Res<()> {
     let weight_bytes = mlx_tensor::memory::active().saturating_sub(before);
     emit(&row(
         json!({"kind": "load", "load_s": t0.elapsed().as_secs_f64(),
-                     "weight_bytes": weight_bytes, "model": model.display().to_string()}),
+                     "weight_bytes": weight_bytes, "model": model.display().to_string(),
+                     "draft_quant": m.draft_quant.map_or("off".to_owned(), |p| format!("q{}", p.bits))}),
     ))?;
     // The host cost of a plain step (graph build, op count, synced and
     // pipelined time per token), before any case.

@@ -55,6 +55,9 @@ pub struct LoadedModel {
     pub generation_config: GenerationConfig,
     /// What `info` reports.
     pub info: ModelInfo,
+    /// How the MTP head drafts when load quantized it (see
+    /// [`LoadOptions::draft_quant`]); `None` for the weights as loaded.
+    pub draft_quant: Option<crate::quant::QuantParams>,
 }
 
 /// Loads `dir`; `progress(done, total)` is called per weight file.
@@ -72,10 +75,11 @@ pub fn load(
     let info = ModelInfo::from_parts(family.name, &config, &weights);
     let mut model = (family.build)(&config, &mut weights, opts.layout)?;
     check_unused(family, &weights, opts.allow_unused_tensors)?;
-    let draft_quant = opts
+    let asked = opts
         .draft_quant
         .resolve(mlx_tensor::default_device(), opts.dtype)?;
-    if let Some(p) = draft_quant
+    let mut draft_quant = None;
+    if let Some(p) = asked
         && model.quantize_draft_head(p)?
     {
         tracing::info!(
@@ -83,6 +87,7 @@ pub fn load(
             group_size = p.group_size,
             "MTP head drafts with quantized weights"
         );
+        draft_quant = Some(p);
     }
     tracing::info!(
         family = family.name,
@@ -94,6 +99,7 @@ pub fn load(
         tokenizer,
         generation_config,
         info,
+        draft_quant,
     })
 }
 

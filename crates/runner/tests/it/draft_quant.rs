@@ -7,6 +7,8 @@
 
 use crate::common;
 use crate::common::parity::{Totals, greedy, heldout_prompts, plain, same_as_plain, speculative};
+use crate::moe_model::argmax;
+use crate::mtp_layouts::head_logits;
 use crate::spec_sampling::{ALPHA, RUNS, assert_lossless, first_pairs, report};
 
 use std::path::PathBuf;
@@ -42,15 +44,11 @@ fn greedy_parity(name: &str, q: DraftQuant, prompts: usize) -> Totals {
     for (p, prompt) in heldout_prompts(&full).iter().take(prompts).enumerate() {
         let want = plain(&full, prompt, &greedy(TOKENS, DepthPolicy::Fixed(0)));
         let got = speculative(&quantized, prompt, &greedy(TOKENS, DepthPolicy::Fixed(3)));
-        let s = same_as_plain(&format!("{name} {q:?} prompt {p}"), &got, &want);
-        t.drafted += s.drafted;
-        t.accepted += s.accepted;
-        t.emitted += s.emitted;
-        t.rounds += s.rounds;
-        for (i, (d, a)) in s.drafted_at.iter().zip(&s.accepted_at).enumerate().take(3) {
-            t.drafted_at[i] += d;
-            t.accepted_at[i] += a;
-        }
+        t.add(same_as_plain(
+            &format!("{name} {q:?} prompt {p}"),
+            &got,
+            &want,
+        ));
     }
     eprint!("{name} {q:?}: ");
     t.report(DepthPolicy::Fixed(3));
@@ -92,31 +90,14 @@ fn greedy_parity_holds_for_the_hybrid_and_moe_heads_at_q4() {
     }
 }
 
-/// Head logits `[n - 1, V]` (flattened) for `ids` on fresh caches: row `i`
-/// pairs token `ids[i + 1]` with the trunk's hidden at `i`, at draft slot
-/// `i` (how a draft session feeds the head), and the trunk's own logits.
+/// The MTP head's logits for `ids` (`mtp_layouts::head_logits`) and the
+/// trunk's own logits over the same rows.
 fn logits(m: &LoadedModel, ids: &[u32]) -> (Vec<f32>, Vec<f32>) {
     let model = m.model.as_ref();
-    let n = ids.len() as i32;
-    let a = Array::from_slice(ids, &[n]).unwrap();
+    let a = Array::from_slice(ids, &[ids.len() as i32]).unwrap();
     let hidden = model.forward(&a, &mut model.new_caches()).unwrap();
-    let mut head = model.mtp_head().expect("the model has an MTP head");
-    let out = head
-        .forward(
-            &a.slice_axis(0, 1, n).unwrap(),
-            &hidden.slice_axis(0, 0, n - 1).unwrap(),
-            0,
-        )
-        .unwrap();
-    let drafted = head.unembed(&out.out).unwrap().to_vec::<f32>().unwrap();
     let trunk = model.unembed(&hidden).unwrap().to_vec::<f32>().unwrap();
-    (drafted, trunk)
-}
-
-fn argmax(row: &[f32]) -> usize {
-    (0..row.len())
-        .max_by(|&a, &b| row[a].total_cmp(&row[b]))
-        .unwrap()
+    (head_logits(m, ids), trunk)
 }
 
 /// What the quantized head's logits do against the full head's, over every

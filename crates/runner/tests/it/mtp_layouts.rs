@@ -281,7 +281,7 @@ fn generate(
 }
 
 /// Head logits of the first `n - 1` pairs of `ids`: token `t[i + 1]` with the trunk hidden at `i`.
-fn head_logits(m: &LoadedModel, ids: &[u32]) -> Vec<f32> {
+pub(crate) fn head_logits(m: &LoadedModel, ids: &[u32]) -> Vec<f32> {
     let model = m.model.as_ref();
     let a = Array::from_slice(ids, &[ids.len() as i32]).unwrap();
     let hidden = model.forward(&a, &mut model.new_caches()).unwrap();

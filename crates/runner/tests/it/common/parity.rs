@@ -150,6 +150,20 @@ pub(crate) struct Totals {
 pub(crate) const POSITIONS: usize = 6;
 
 impl Totals {
+    /// Adds one generation's speculation figures (its first [`POSITIONS`] positions).
+    pub(crate) fn add(&mut self, s: &runner::SpecStats) {
+        self.drafted += s.drafted;
+        self.accepted += s.accepted;
+        self.emitted += s.emitted;
+        self.rounds += s.rounds;
+        for (i, (d, a)) in s.drafted_at.iter().zip(&s.accepted_at).enumerate() {
+            if i < POSITIONS {
+                self.drafted_at[i] += d;
+                self.accepted_at[i] += a;
+            }
+        }
+    }
+
     /// Accepted over drafted (0 when nothing was drafted).
     pub(crate) fn acceptance(&self) -> f64 {
         self.accepted as f64 / self.drafted.max(1) as f64
@@ -211,17 +225,7 @@ pub(crate) fn sweep(m: &LoadedModel, prompts: &[Vec<u32>], tokens: usize) -> ([T
                     s.depth_over_time
                 );
             }
-            let t = &mut totals[d];
-            t.drafted += s.drafted;
-            t.accepted += s.accepted;
-            t.emitted += s.emitted;
-            t.rounds += s.rounds;
-            for (i, (d, a)) in s.drafted_at.iter().zip(&s.accepted_at).enumerate() {
-                if i < POSITIONS {
-                    t.drafted_at[i] += d;
-                    t.accepted_at[i] += a;
-                }
-            }
+            totals[d].add(s);
             compared += got.token_ids.len();
         }
     }
