@@ -49,6 +49,16 @@ pub trait DraftHead {
     fn cache_offset(&self) -> Option<usize> {
         self.caches().first().map(|c| c.offset())
     }
+
+    /// The row count a flush of `rows` buffered pairs runs its forward over.
+    /// A head whose caches all rewind by offset may ask for more (a bucketed
+    /// shape its backend has already built): the session pads the pairs with
+    /// copies of the last one and rewinds the caches past the padding, which
+    /// causal attention keeps out of the real rows. Values below `rows` are
+    /// taken as `rows`. The default keeps `rows`.
+    fn flush_rows(&self, rows: usize) -> usize {
+        rows
+    }
 }
 
 /// A boxed head is a head, so a runner can hold `Drafter<Box<dyn DraftHead>>`
@@ -72,5 +82,9 @@ impl<H: DraftHead + ?Sized> DraftHead for Box<H> {
 
     fn cache_offset(&self) -> Option<usize> {
         (**self).cache_offset()
+    }
+
+    fn flush_rows(&self, rows: usize) -> usize {
+        (**self).flush_rows(rows)
     }
 }

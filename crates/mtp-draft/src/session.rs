@@ -174,11 +174,34 @@ impl<'d, H: DraftHead> DraftSession<'d, H> {
         }
         let (ids, hiddens) = self.pending.joined()?;
         let at = self.committed_offset;
-        let out = self.head.forward(&ids, &hiddens, at)?;
-        check_output(&out, m)?;
+        let rows = self.head.flush_rows(m).max(m);
+        let out = if rows > m {
+            // Padding: copies of the last pair, rewound after the forward.
+            let repeat = |a: &Array| -> Result<Array> {
+                let last = a.slice_axis(0, m as i32 - 1, m as i32)?;
+                let mut parts = vec![a.clone()];
+                parts.extend(std::iter::repeat_n(last, rows - m));
+                Ok(ops::concatenate(&parts, 0)?)
+            };
+            let out = self.head.forward(&repeat(&ids)?, &repeat(&hiddens)?, at)?;
+            check_output(&out, rows)?;
+            for (i, cache) in self.head.caches_mut().iter_mut().enumerate() {
+                let rewound = cache.restore(None, at + m)?;
+                assert!(
+                    rewound,
+                    "mtp-draft: draft cache {i} asked for padded flushes but cannot rewind"
+                );
+            }
+            out
+        } else {
+            let out = self.head.forward(&ids, &hiddens, at)?;
+            check_output(&out, m)?;
+            out
+        };
+        let row = |a: &Array| a.slice_axis(0, m as i32 - 1, m as i32);
         self.held = Some(Held {
-            out: last_row(&out.out)?.pin(),
-            hidden: last_row(&out.hidden)?.pin(),
+            out: row(&out.out)?.pin(),
+            hidden: row(&out.hidden)?.pin(),
         });
         self.committed_offset += m;
         self.assert_caches_at(self.committed_offset, "after a flush");
@@ -294,9 +317,4 @@ pub(crate) fn check_output(out: &HeadOutput, rows: usize) -> Result<()> {
         }
     }
     Ok(())
-}
-
-pub(crate) fn last_row(a: &Array) -> Result<Array> {
-    let n = a.dim(0);
-    Ok(a.slice_axis(0, n - 1, n)?)
 }

@@ -136,6 +136,22 @@ fn reserve_caches() -> bool {
 }
 
 impl Session<'_> {
+    /// Builds ahead of the first request what MLX's CUDA backend builds on
+    /// first use of a shape: the speculative rounds' kernels (which the first
+    /// speculative request builds otherwise) and, under shape buckets, every
+    /// prefill bucket's (which each bucket's first prompt pays otherwise). A
+    /// server calls it at start-up; elsewhere it does nothing. Returns the
+    /// prefill buckets run.
+    ///
+    /// # Errors
+    /// MLX errors of the scratch forwards.
+    pub fn warm_up(&self) -> Result<usize> {
+        if let Some(d) = &self.drafter {
+            warm::warm_for(self.model(), d);
+        }
+        warm::prefill_shapes(self.model())
+    }
+
     /// Generates a continuation of `prompt`, calling `on_text` with each piece of text.
     ///
     /// On return (also when cancelled) the caches hold exactly

@@ -108,7 +108,9 @@ pub use load::{LoadOptions, LoadedModel, ModelInfo, inspect, load};
 pub use models::Model;
 pub use models::delta_kernel::set_delta_kernel;
 pub use models::layers::LinearLayout;
-pub use models::sdpa::{AttentionPath, attention_path, set_attention_path};
+pub use models::sdpa::{
+    AttentionPath, attention_path, set_attention_path, set_shape_buckets, shape_buckets,
+};
 pub use models::skinny::{set_rows_kernel, set_rows_kernel_one_row};
 pub use prefix::{PrefixCache, Reuse, ReuseSource};
 pub use quant::{DraftQuant, QuantParams};

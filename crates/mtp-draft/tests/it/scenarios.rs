@@ -47,6 +47,36 @@ fn greedy_accept_all_drafts_and_bonus() {
     sim.assert_paired(&log.stream, sim.pos);
 }
 
+/// A head asking for padded flushes (`DraftHead::flush_rows`) sees the
+/// flush's pairs followed by copies of the last one, drafts from the last
+/// real row, and its cache is rewound past the padding: the same drafts and
+/// the same cache contents as unpadded.
+#[test]
+fn a_padded_flush_drafts_from_its_last_real_row_and_drops_the_padding() {
+    let (mut head, log) = FakeHead::cached(Model::default());
+    head.pad_flushes = true;
+    let mut drafter = Drafter::new(head);
+    let mut s = drafter.open();
+    let mut sim = Sim::new(Model::default());
+    sim.prefill(&mut s, &[1, 2, 3, 4]);
+    let round = sim.round(&mut s, 3).expect("a primed drafter proposes");
+    assert_eq!(round.drafts, [5, 6, 7]);
+    assert_eq!(round.emitted, [5, 6, 7, 8]);
+    assert_eq!(
+        log.borrow().calls,
+        [
+            // Three pairs padded to four with a copy of the last.
+            call(0, &[2, 3, 4, 4], &[0, 1, 2, 2]),
+            // The padding was dropped: the next step writes slot 3.
+            call(3, &[5], &[OWN]),
+            call(4, &[6], &[OWN]),
+        ]
+    );
+    sim.finish(s);
+    assert_eq!(drafter.head().cache_offset(), Some(sim.pos));
+    sim.assert_paired(&log.borrow().stream, sim.pos);
+}
+
 #[test]
 fn mismatch_rebuilds_the_rejected_slots_from_target_hiddens() {
     let (head, log) = FakeHead::cached(Model::default());

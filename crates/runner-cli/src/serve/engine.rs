@@ -551,6 +551,16 @@ fn engine_main(
             return;
         }
     };
+    let t0 = std::time::Instant::now();
+    match session.warm_up() {
+        Ok(0) => {}
+        Ok(buckets) => tracing::info!(
+            buckets,
+            ms = t0.elapsed().as_secs_f64() * 1e3,
+            "prefill shapes warmed"
+        ),
+        Err(e) => tracing::warn!(error = %e, "warming the prefill shapes failed"),
+    }
     let tokenizers = Tokenizers::new(m.model.as_ref(), &m.tokenizer);
     let card = ModelCard {
         id: config.model_id.clone(),

@@ -24,8 +24,9 @@ use crate::depth::DepthPolicy;
 use crate::drafter::Drafter;
 use crate::error::Result;
 use crate::models::Model;
+use crate::models::sdpa::{UNBUCKETED_ROWS, shape_buckets};
 use crate::models::skinny::MAX_ROWS;
-use crate::session::Session;
+use crate::session::{PREFILL_CHUNK, Session};
 use crate::tokenizer::Tokenizer;
 
 /// Models (by address) already warmed in this process. A model dropped and
@@ -34,6 +35,7 @@ use crate::tokenizer::Tokenizer;
 static WARMED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 /// Warms what a request of `model` with `drafter` will run (see [`warm`]).
+/// The first request of a speculative session calls it.
 pub(super) fn warm_for<'m>(model: &'m dyn Model, drafter: &Drafter<'m>) {
     match drafter {
         Drafter::Mtp(_) => warm(model, || Session::with_mtp(model)),
@@ -101,6 +103,47 @@ fn rounds(mut session: Session<'_>) -> Result<()> {
             ..sampler::Options::default()
         },
     )
+}
+
+/// The row counts a prefill chunk of at most `cap` rows takes under shape
+/// buckets (`sdpa::row_bucket`): the powers of two above the unbucketed
+/// counts, and `cap` itself.
+fn prefill_buckets(cap: usize) -> Vec<usize> {
+    let mut rows = Vec::new();
+    let mut b = (UNBUCKETED_ROWS + 1).next_power_of_two();
+    while b < cap {
+        rows.push(b);
+        b *= 2;
+    }
+    if cap > UNBUCKETED_ROWS {
+        rows.push(cap);
+    }
+    rows
+}
+
+/// Runs the target (and its MTP head) once over every prefill bucket of the
+/// default chunk, on scratch caches, so a server's first prompts of each
+/// bucket do not pay MLX's first calls of its shapes (~80 ms a bucket on an
+/// H200, docs/gpu.md). A no-op without shape buckets; returns the buckets run.
+pub(crate) fn prefill_shapes(model: &dyn Model) -> Result<usize> {
+    if !shape_buckets() {
+        return Ok(0);
+    }
+    let cap = PREFILL_CHUNK.min(model.context_length());
+    let buckets = prefill_buckets(cap);
+    let width = model.config().hidden_size as i32;
+    for &rows in &buckets {
+        let mut caches = model.new_caches();
+        let h = model.forward(&zeros(rows)?, &mut caches)?;
+        let last = h.slice_axis(0, rows as i32 - 1, rows as i32)?;
+        mlx_tensor::eval([&model.unembed(&last)?])?;
+        if let Some(mut head) = model.mtp_head() {
+            let hidden = ops::zeros(&[rows as i32, width], h.dtype())?;
+            let o = head.forward(&zeros(rows)?, &hidden, 0)?;
+            mlx_tensor::eval([&o.hidden])?;
+        }
+    }
+    Ok(buckets.len())
 }
 
 fn zeros(n: usize) -> Result<Array> {

@@ -52,12 +52,57 @@ impl AttentionPath {
     }
 }
 
+/// Queries, live keys, keys and dtype of a causal bias.
+type BiasShape = (i32, i32, i32, Dtype);
+
 thread_local! {
     /// This thread's choice (MLX work runs on one thread; tests set their own).
     static PATH: Cell<Option<AttentionPath>> = const { Cell::new(None) };
     /// The causal mask of the last explicit attention: every layer of one
     /// forward shares its query and key lengths, so they share one node.
-    static MASK: RefCell<Option<(i32, i32, Dtype, Array)>> = const { RefCell::new(None) };
+    static MASK: RefCell<Option<(BiasShape, Array)>> = const { RefCell::new(None) };
+    static BUCKETS: crate::switch::Flag = const { Cell::new(None) };
+}
+
+/// Turns shape buckets on or off for this thread's later forwards (default:
+/// on CUDA only, unless `MTP_SHAPE_BUCKETS=0`; `MTP_SHAPE_BUCKETS=1` forces
+/// them elsewhere, for tests).
+///
+/// Why: on CUDA the first call of every new matmul shape costs milliseconds
+/// (~4 ms per row count, up to 20 ms for an attention score matmul, measured
+/// on an H200, docs/gpu.md session 13), so every prompt of a new length paid
+/// ~80 ms of first calls before its first token. With buckets a prefill
+/// chunk is padded to a power-of-two row count (the padding rewound after
+/// the forward, see `Target::prefill_chunk`) and explicit attention pads its
+/// keys to a power of two (masked), so the shapes repeat across lengths.
+pub fn set_shape_buckets(on: bool) {
+    crate::switch::set(&BUCKETS, on);
+}
+
+/// Whether this thread pads multi-row shapes to buckets (see [`set_shape_buckets`]).
+pub fn shape_buckets() -> bool {
+    crate::switch::get(&BUCKETS, "MTP_SHAPE_BUCKETS", on_cuda())
+}
+
+/// Chunks of at most this many rows keep their length: the verify and
+/// draft-flush row counts, each built once by the warm-up (`generate/warm.rs`).
+pub(crate) const UNBUCKETED_ROWS: usize = 8;
+
+/// The row count a prefill chunk of `rows` rows is padded to under buckets:
+/// the next power of two above [`UNBUCKETED_ROWS`], at most `cap` (the
+/// chunk size) and never fewer than `rows`.
+pub(crate) fn row_bucket(rows: usize, cap: usize) -> usize {
+    if rows <= UNBUCKETED_ROWS {
+        rows
+    } else {
+        rows.next_power_of_two().min(cap).max(rows)
+    }
+}
+
+/// The key count explicit attention pads `keys` to under buckets: the next
+/// power of two, at least 256.
+pub(crate) fn key_bucket(keys: usize) -> usize {
+    keys.next_power_of_two().max(256)
 }
 
 /// Sets the attention path for this thread's later forwards. The default is
@@ -121,7 +166,12 @@ pub(crate) fn choose(s: Shape, dtype: Dtype) -> Kernel {
         AttentionPath::Padded => Kernel::Padded,
         AttentionPath::Auto => {
             let half = matches!(dtype, Dtype::Bfloat16 | Dtype::Float16);
-            let bytes = 4 * s.heads as usize * s.rows as usize * s.keys as usize;
+            let keys = if shape_buckets() {
+                key_bucket(s.keys as usize)
+            } else {
+                s.keys as usize
+            };
+            let bytes = 4 * s.heads as usize * s.rows as usize * keys;
             if short() {
                 Kernel::Short
             } else if half && on_cuda() && bytes <= EXPLICIT_SCORE_BYTES {
@@ -145,19 +195,36 @@ pub(crate) fn on_cuda() -> bool {
 /// `softmax(q kᵀ · scale + causal) v` for `q: [1, Hq, L, D]` over `k, v:
 /// [1, Hkv, S, D]` (`S ≥ L`, the last `L` keys are the queries' own), grouped
 /// by reshaping instead of repeating the keys. The softmax runs in f32.
+/// Under [`shape_buckets`] the keys are padded with zeros to
+/// [`key_bucket`] and the padding masked out.
 pub fn explicit(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
     let (hq, l, d) = (q.dim(1), q.dim(2), q.dim(3));
-    let (hkv, s) = (k.dim(1), k.dim(2));
+    let (hkv, live) = (k.dim(1), k.dim(2));
     let g = hq / hkv;
+    let padded = if shape_buckets() {
+        key_bucket(live as usize) as i32
+    } else {
+        live
+    };
+    let (k, v) = if padded > live {
+        let pad = |a: &Array| -> Result<Array> {
+            let zeros = ops::zeros(&[1, hkv, padded - live, d], a.dtype())?;
+            Ok(ops::concatenate(&[a.clone(), zeros], 2)?)
+        };
+        (pad(k)?, pad(v)?)
+    } else {
+        (k.clone(), v.clone())
+    };
+    let s = padded;
     let q = q
         .multiply(&Array::scalar(scale, q.dtype())?)?
         .reshape(&[1, hkv, g * l, d])?;
     let scores = q
         .matmul(&k.swapaxes(-1, -2)?)?
         .reshape(&[1, hkv, g, l, s])?;
-    let scores = scores.add(&causal_bias(l, s, scores.dtype())?)?;
+    let scores = scores.add(&causal_bias(l, live, s, scores.dtype())?)?;
     let p = scores.softmax(&[-1], true)?.reshape(&[1, hkv, g * l, s])?;
-    Ok(p.matmul(v)?.reshape(&[1, hq, l, d])?)
+    Ok(p.matmul(&v)?.reshape(&[1, hq, l, d])?)
 }
 
 /// The fused kernel over the cache's whole buffers `k, v: [1, Hkv, C, D]` whose
@@ -176,21 +243,22 @@ pub(crate) fn padded(q: &Array, k: &Array, v: &Array, live: i32, scale: f32) -> 
     )?)
 }
 
-/// Additive causal bias `[L, S]` (0 where query `i` sees key `j ≤ S-L+i`, −∞
-/// elsewhere), shared by every layer of a forward.
-fn causal_bias(l: i32, s: i32, dtype: Dtype) -> Result<Array> {
+/// Additive causal bias `[L, S]` over `live ≤ S` real keys (0 where query
+/// `i` sees key `j ≤ live-L+i`, −∞ elsewhere, the padding keys `j ≥ live`
+/// included), shared by every layer of a forward.
+fn causal_bias(l: i32, live: i32, s: i32, dtype: Dtype) -> Result<Array> {
     MASK.with(|m| {
-        if let Some((ml, ms, md, a)) = m.borrow().as_ref()
-            && (*ml, *ms, *md) == (l, s, dtype)
+        if let Some((shape, a)) = m.borrow().as_ref()
+            && *shape == (l, live, s, dtype)
         {
             return Ok(a.clone());
         }
         // The bias is exact in any float dtype (0 or −∞), so it is made in the scores' dtype.
-        let bias = ops::tri(l, s, s - l, Dtype::Float32)?;
+        let bias = ops::tri(l, s, live - l, Dtype::Float32)?;
         let zero = Array::scalar(0.0, dtype)?;
         let neg = Array::scalar(f32::NEG_INFINITY, dtype)?;
         let bias = ops::r#where(&bias.as_type(Dtype::Bool)?, &zero, &neg)?;
-        *m.borrow_mut() = Some((l, s, dtype, bias.clone()));
+        *m.borrow_mut() = Some(((l, live, s, dtype), bias.clone()));
         Ok(bias)
     })
 }
@@ -237,13 +305,53 @@ mod tests {
         }
     }
 
+    /// With buckets on, explicit attention pads its keys to a power of two
+    /// and still equals the fused kernel (f32, within 1e-5): the padding is
+    /// masked out, for short and prefill-sized query blocks.
+    #[test]
+    fn bucketed_keys_change_nothing() {
+        set_shape_buckets(true);
+        for (l, s) in [(2, 2), (5, 300), (20, 20), (33, 257), (64, 1000)] {
+            let seed = (l * 7 + s) as u64;
+            let q = rand(&[1, 8, l, 16], seed);
+            let k = rand(&[1, 2, s, 16], seed + 1);
+            let v = rand(&[1, 2, s, 16], seed + 2);
+            let want =
+                fast::scaled_dot_product_attention(&q, &k, &v, 0.25, fast::Mask::Causal).unwrap();
+            let got = explicit(&q, &k, &v, 0.25).unwrap();
+            let d = max_diff(&want, &got);
+            assert!(d < 1e-5, "bucketed L={l} S={s}: {d}");
+        }
+        set_shape_buckets(false);
+        let b = causal_bias(2, 3, 4, Dtype::Float32)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        // Query 0 of 2 over 3 live keys of 4 sees keys 0..=1, query 1 keys 0..=2.
+        let ninf = f32::NEG_INFINITY;
+        assert_eq!(b, vec![0.0, 0.0, ninf, ninf, 0.0, 0.0, 0.0, ninf]);
+    }
+
+    #[test]
+    fn buckets_are_powers_of_two_within_the_chunk() {
+        assert_eq!(row_bucket(1, 2048), 1);
+        assert_eq!(row_bucket(UNBUCKETED_ROWS, 2048), UNBUCKETED_ROWS);
+        assert_eq!(row_bucket(9, 2048), 16);
+        assert_eq!(row_bucket(600, 2048), 1024);
+        assert_eq!(row_bucket(1000, 1000), 1000);
+        assert_eq!(row_bucket(600, 700), 700);
+        assert_eq!(key_bucket(1), 256);
+        assert_eq!(key_bucket(257), 512);
+        assert_eq!(key_bucket(1024), 1024);
+    }
+
     /// The shared bias is rebuilt when the shape changes (a stale one would
     /// have the wrong width or hide the wrong keys).
     #[test]
     fn causal_bias_follows_the_shape() {
-        let a = causal_bias(3, 5, Dtype::Float32).unwrap();
+        let a = causal_bias(3, 5, 5, Dtype::Float32).unwrap();
         assert_eq!(a.shape().as_slice(), &[3, 5]);
-        let b = causal_bias(2, 6, Dtype::Float32).unwrap();
+        let b = causal_bias(2, 6, 6, Dtype::Float32).unwrap();
         assert_eq!(b.shape().as_slice(), &[2, 6]);
         let v = b.to_vec::<f32>().unwrap();
         // Query 0 of 2 over 6 keys sees keys 0..=4; query 1 sees all 6.

@@ -91,15 +91,46 @@ impl<'m> Target<'m> {
         self.committed.len()
     }
 
+    /// Whether a prefill chunk may be padded to a bucketed row count: shape
+    /// buckets are on ([`crate::models::sdpa::shape_buckets`]) and every cache
+    /// rewinds by offset, so the padding's positions are dropped by moving
+    /// the offset back.
+    pub(crate) fn pads_prefill(&self) -> bool {
+        crate::models::sdpa::shape_buckets() && self.caches.iter().all(|c| c.rewinds_by_offset())
+    }
+
     /// Forwards and commits one prefill chunk, evaluated; returns the chunk
-    /// as an array and its hidden rows `[n, H]`.
-    pub(crate) fn prefill_chunk(&mut self, part: &[u32]) -> Result<(Array, Array)> {
+    /// as an array and its hidden rows `[n, H]`. With `rows > part.len()`
+    /// (only where [`Target::pads_prefill`]) the forward runs over `rows`
+    /// positions, the chunk followed by copies of its last token, and the
+    /// caches are rewound past the padding: causal attention keeps the
+    /// padding out of the chunk's rows, so they are what an unpadded forward
+    /// gives.
+    pub(crate) fn prefill_chunk(&mut self, part: &[u32], rows: usize) -> Result<(Array, Array)> {
         let pos = self.committed.len();
-        let ids = Array::from_slice(part, &[part.len() as i32])?;
+        let n = part.len();
+        let ids = Array::from_slice(part, &[n as i32])?;
+        let room = self.model.context_length().saturating_sub(pos);
+        let rows = rows.min(room).max(n);
         // The offset one token back: the MTP boundary re-run and the plain
         // loop's end-of-sequence drop rewind there.
-        let points = RestorePoints::schedule(&mut self.caches, &[pos + part.len() - 1]);
-        let hidden = self.model.forward(&ids, &mut self.caches)?;
+        let points = RestorePoints::schedule(&mut self.caches, &[pos + n - 1]);
+        let hidden = if rows > n {
+            assert!(
+                self.pads_prefill(),
+                "a padded prefill over caches that cannot drop it"
+            );
+            let mut padded = part.to_vec();
+            padded.resize(rows, part[n - 1]);
+            let input = Array::from_slice(&padded, &[rows as i32])?;
+            let hidden = self.model.forward(&input, &mut self.caches)?;
+            for c in &mut self.caches {
+                c.try_restore(None, pos + n)?;
+            }
+            hidden.slice_axis(0, 0, n as i32)?
+        } else {
+            self.model.forward(&ids, &mut self.caches)?
+        };
         let mut state: Vec<Array> = self.caches.iter().flat_map(|c| c.state()).collect();
         state.push(hidden.clone());
         mlx_tensor::eval(&state)?;

@@ -41,6 +41,7 @@ mod robust_cancel;
 mod robust_fuzz;
 mod robust_seed;
 mod robust_template;
+mod shape_buckets;
 mod soak;
 mod spec_memory;
 mod spec_parity;

@@ -68,6 +68,8 @@ pub(crate) struct FakeHead {
     pub model: Model,
     caches: Vec<Box<dyn Cache>>,
     pub log: Rc<RefCell<Log>>,
+    /// Asks for flushes padded to a power of two ([`DraftHead::flush_rows`]).
+    pub pad_flushes: bool,
 }
 
 impl fmt::Debug for FakeHead {
@@ -93,6 +95,7 @@ impl FakeHead {
             model,
             caches,
             log: log.clone(),
+            pad_flushes: false,
         };
         (head, log)
     }
@@ -175,5 +178,13 @@ impl DraftHead for FakeHead {
 
     fn caches_mut(&mut self) -> &mut [Box<dyn Cache>] {
         &mut self.caches
+    }
+
+    fn flush_rows(&self, rows: usize) -> usize {
+        if self.pad_flushes {
+            rows.next_power_of_two()
+        } else {
+            rows
+        }
     }
 }

@@ -276,6 +276,18 @@ impl DraftHead for MtpHead {
     fn caches_mut(&mut self) -> &mut [Box<dyn Cache>] {
         &mut self.caches
     }
+
+    /// Under shape buckets, a prefill-sized flush runs over the bucketed row
+    /// count the target's prefill chunks use (see `Target::prefill_chunk`);
+    /// flushes longer than a default chunk keep their length.
+    fn flush_rows(&self, rows: usize) -> usize {
+        if crate::models::sdpa::shape_buckets() && self.caches.iter().all(|c| c.rewinds_by_offset())
+        {
+            crate::models::sdpa::row_bucket(rows, rows.max(crate::session::PREFILL_CHUNK))
+        } else {
+            rows
+        }
+    }
 }
 
 /// The head's decoder block: whatever decoder layer the trunk family uses
