@@ -24,7 +24,7 @@ use crate::depth::DepthPolicy;
 use crate::drafter::Drafter;
 use crate::error::Result;
 use crate::models::Model;
-use crate::models::sdpa::{UNBUCKETED_ROWS, shape_buckets};
+use crate::models::sdpa::{UNBUCKETED_ROWS, row_bucket, shape_buckets};
 use crate::models::skinny::MAX_ROWS;
 use crate::session::{PREFILL_CHUNK, Session};
 use crate::tokenizer::Tokenizer;
@@ -106,18 +106,12 @@ fn rounds(mut session: Session<'_>) -> Result<()> {
 }
 
 /// The row counts a prefill chunk of at most `cap` rows takes under shape
-/// buckets (`sdpa::row_bucket`): the powers of two above the unbucketed
-/// counts, and `cap` itself.
+/// buckets (`sdpa::row_bucket`), ascending.
 fn prefill_buckets(cap: usize) -> Vec<usize> {
-    let mut rows = Vec::new();
-    let mut b = (UNBUCKETED_ROWS + 1).next_power_of_two();
-    while b < cap {
-        rows.push(b);
-        b *= 2;
-    }
-    if cap > UNBUCKETED_ROWS {
-        rows.push(cap);
-    }
+    let mut rows: Vec<usize> = (UNBUCKETED_ROWS + 1..=cap)
+        .map(|r| row_bucket(r, cap))
+        .collect();
+    rows.dedup();
     rows
 }
 
@@ -181,6 +175,17 @@ fn run(model: &dyn Model) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_prefill_buckets_are_the_ladder_up_to_the_chunk() {
+        let ladder = [16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048];
+        assert_eq!(prefill_buckets(2048), ladder);
+        assert_eq!(
+            prefill_buckets(1000),
+            [16, 32, 64, 128, 256, 384, 512, 768, 1000]
+        );
+        assert!(prefill_buckets(UNBUCKETED_ROWS).is_empty());
+    }
 
     /// The warm-up is device-agnostic code: on the CPU (where `warm` skips
     /// it) it must run through a hybrid model with an MTP head, whose
