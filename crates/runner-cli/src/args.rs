@@ -234,6 +234,17 @@ pub(crate) struct DecodeArgs {
     /// same either way; only acceptance can change.
     #[arg(long, value_enum, default_value_t = DraftQuantArg::Auto)]
     pub draft_quant: DraftQuantArg,
+    /// The vocabulary the MTP head drafts over: a count N drafts over the N
+    /// lowest token ids and the special tokens (a smaller unembedding per
+    /// drafted token; byte-level BPE ids run from frequent to rare), `off`
+    /// over all of them, `auto` as `MTP_DRAFT_VOCAB` says (default off). The
+    /// output is the same either way; only acceptance can change.
+    #[arg(long, default_value = "auto", value_parser = parse_draft_vocab)]
+    pub draft_vocab: runner::DraftVocab,
+}
+
+fn parse_draft_vocab(s: &str) -> std::result::Result<runner::DraftVocab, String> {
+    runner::DraftVocab::parse(s).map_err(|e| e.to_string())
 }
 
 /// `--draft-quant`.

@@ -243,6 +243,7 @@ fn load_options(a: &DecodeArgs) -> LoadOptions {
             DraftQuantArg::Q8 => DraftQuant::Bits(8),
             DraftQuantArg::Q4 => DraftQuant::Bits(4),
         },
+        draft_vocab: a.draft_vocab,
         ..LoadOptions::default()
     }
 }

@@ -69,6 +69,7 @@ const SWITCHES: &[&str] = &[
     "MTP_KV_RESERVE",
     "MTP_DRAFT_QUANT",
     "MTP_SHAPE_BUCKETS",
+    "MTP_DRAFT_VOCAB",
     "MLX_CUDA_GRAPH_CACHE_SIZE",
     "MLX_CUDA_USE_CUDNN_SDPA",
     "MLX_USE_CUDA_GRAPHS",
@@ -372,7 +373,8 @@ fn main() -> Res<()> {
     emit(&row(
         json!({"kind": "load", "load_s": t0.elapsed().as_secs_f64(),
                      "weight_bytes": weight_bytes, "model": model.display().to_string(),
-                     "draft_quant": m.draft_quant.map_or("off".to_owned(), |p| format!("q{}", p.bits))}),
+                     "draft_quant": m.draft_head.quant.map_or("off".to_owned(), |p| format!("q{}", p.bits)),
+                     "draft_vocab": m.draft_head.vocab.as_ref().map(Vec::len)}),
     ))?;
     // The host cost of a plain step (graph build, op count, synced and
     // pipelined time per token), before any case.

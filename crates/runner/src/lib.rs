@@ -84,6 +84,7 @@ mod stop;
 // The generation core.
 mod conversation;
 mod depth;
+mod draft_head;
 mod drafter;
 mod error;
 mod generate;
@@ -100,6 +101,7 @@ pub use chat::{Message, apply_chat_template};
 pub use config::{GenerationConfig, HybridConfig, LayerKind, ModelConfig, RopeScaling, TokenIds};
 pub use conversation::{Conversation, END_OF_TURN, Turn};
 pub use depth::DepthPolicy;
+pub use draft_head::{DraftHeadSetup, DraftVocab};
 pub use drafter::{DraftMethod, NgramOptions, load_draft};
 pub use error::{Error, Result};
 pub use files::check_model_folder;

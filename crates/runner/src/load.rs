@@ -7,6 +7,7 @@ use std::path::Path;
 use mlx_tensor::Dtype;
 
 use crate::config::{GenerationConfig, ModelConfig};
+use crate::draft_head::{DraftHeadSetup, DraftVocab};
 use crate::error::{Error, Result};
 use crate::models::Model;
 use crate::models::layers::LinearLayout;
@@ -31,6 +32,9 @@ pub struct LoadOptions {
     /// The precision of the MTP head's drafting weights (default: what pays
     /// on this backend; see [`DraftQuant`]).
     pub draft_quant: DraftQuant,
+    /// The vocabulary the MTP head drafts over (default: all of it, unless
+    /// `MTP_DRAFT_VOCAB` says otherwise; see [`DraftVocab`]).
+    pub draft_vocab: DraftVocab,
 }
 
 impl Default for LoadOptions {
@@ -40,6 +44,7 @@ impl Default for LoadOptions {
             layout: LinearLayout::DEFAULT,
             allow_unused_tensors: false,
             draft_quant: DraftQuant::Auto,
+            draft_vocab: DraftVocab::Auto,
         }
     }
 }
@@ -55,9 +60,11 @@ pub struct LoadedModel {
     pub generation_config: GenerationConfig,
     /// What `info` reports.
     pub info: ModelInfo,
-    /// How the MTP head drafts when load quantized it (see
-    /// [`LoadOptions::draft_quant`]); `None` for the weights as loaded.
-    pub draft_quant: Option<crate::quant::QuantParams>,
+    /// How load set up the MTP head's drafting (see
+    /// [`LoadOptions::draft_quant`] and [`LoadOptions::draft_vocab`]);
+    /// [`DraftHeadSetup::is_plain`] when the head drafts as loaded, or there
+    /// is no head.
+    pub draft_head: DraftHeadSetup,
 }
 
 /// Loads `dir`; `progress(done, total)` is called per weight file.
@@ -75,20 +82,31 @@ pub fn load(
     let info = ModelInfo::from_parts(family.name, &config, &weights);
     let mut model = (family.build)(&config, &mut weights, opts.layout)?;
     check_unused(family, &weights, opts.allow_unused_tensors)?;
-    let asked = opts
-        .draft_quant
-        .resolve(mlx_tensor::default_device(), opts.dtype)?;
-    let mut draft_quant = None;
-    if let Some(p) = asked
-        && model.quantize_draft_head(p)?
-    {
-        tracing::info!(
-            bits = p.bits,
-            group_size = p.group_size,
-            "MTP head drafts with quantized weights"
-        );
-        draft_quant = Some(p);
-    }
+    let mut special = tokenizer.eos_ids().to_vec();
+    special.extend(tokenizer.inner().get_added_tokens_decoder().keys().copied());
+    let asked = DraftHeadSetup::resolve(
+        opts.draft_quant,
+        opts.draft_vocab,
+        model.vocab_size(),
+        &special,
+        mlx_tensor::default_device(),
+        opts.dtype,
+    )?;
+    let draft_head = if !asked.is_plain() && model.adapt_draft_head(&asked)? {
+        if let Some(p) = asked.quant {
+            tracing::info!(
+                bits = p.bits,
+                group_size = p.group_size,
+                "MTP head drafts with quantized weights"
+            );
+        }
+        if let Some(ids) = &asked.vocab {
+            tracing::info!(ids = ids.len(), "MTP head drafts over a vocabulary subset");
+        }
+        asked
+    } else {
+        DraftHeadSetup::default()
+    };
     tracing::info!(
         family = family.name,
         params = info.parameter_count,
@@ -99,7 +117,7 @@ pub fn load(
         tokenizer,
         generation_config,
         info,
-        draft_quant,
+        draft_head,
     })
 }
 

@@ -195,6 +195,7 @@ fn draft_quant_run(rest: &[&str], env: Option<&str>, code: i32, needles: &[&str]
     // Plain log lines (tracing reads NO_COLOR), so `-v`'s fields can be matched.
     cmd.args(generate_args(&dir, &args))
         .env_remove("MTP_DRAFT_QUANT")
+        .env_remove("MTP_DRAFT_VOCAB")
         .env("NO_COLOR", "1");
     if let Some(v) = env {
         cmd.env("MTP_DRAFT_QUANT", v);
@@ -274,6 +275,49 @@ fn bad_draft_quant_is_a_usage_error_naming_the_accepted_values() {
         Some("q9"),
         2,
         &["MTP_DRAFT_QUANT", "`q9`", "auto, off, q8, q4"],
+    );
+    assert!(out.stdout.is_empty());
+}
+
+/// `--draft-vocab N` drafts over a subset (logged with its size: 1,024 ids
+/// and tiny-mtp's special tokens) and keeps greedy output equal to
+/// `--speculative off`; a count of 0 or a word is a usage error naming the
+/// value, and so is a bad `MTP_DRAFT_VOCAB` under `auto`.
+#[test]
+fn draft_vocab_keeps_greedy_output_and_bad_values_are_usage_errors() {
+    let plain = json(&draft_quant_run(&["--speculative", "off"], None, 0, &[]));
+    let rest = [
+        "-v",
+        "--speculative",
+        "mtp",
+        "--draft-tokens",
+        "3",
+        "--draft-vocab",
+        "1024",
+    ];
+    let out = draft_quant_run(&rest, None, 0, &["drafts over a vocabulary subset ids=10"]);
+    let v = json(&out);
+    assert_eq!(v["token_ids"], plain["token_ids"], "greedy output differs");
+    assert!(as_usize(&check_speculation(&v, 3), "drafted") > 0);
+    for bad in ["0", "lots"] {
+        let named = format!("`{bad}`");
+        let out = draft_quant_run(&["--draft-vocab", bad], None, 2, &["--draft-vocab", &named]);
+        assert!(out.stdout.is_empty(), "nothing generated for {bad:?}");
+    }
+    let dir = tiny();
+    let mut args = PROMPT.to_vec();
+    args.push("--json");
+    let out = std::process::Command::new(common::BIN)
+        .args(generate_args(&dir, &args))
+        .env_remove("MTP_DRAFT_QUANT")
+        .env("MTP_DRAFT_VOCAB", "-5")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("MTP_DRAFT_VOCAB") && err.contains("`-5`"),
+        "{err}"
     );
     assert!(out.stdout.is_empty());
 }

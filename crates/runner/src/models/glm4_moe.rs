@@ -301,7 +301,7 @@ impl Model for Glm4Moe {
         self.ends.mtp_head()
     }
 
-    fn quantize_draft_head(&mut self, p: crate::quant::QuantParams) -> Result<bool> {
-        self.ends.quantize_mtp(p)
+    fn adapt_draft_head(&mut self, s: &crate::DraftHeadSetup) -> Result<bool> {
+        self.ends.adapt_mtp(s)
     }
 }

@@ -166,6 +166,42 @@ impl Linear {
         Ok(Some(Linear::from_quantized(q, self.bias.clone())))
     }
 
+    /// Output features (rows of the `[out, in]` weight).
+    pub(crate) fn output_width(&self) -> i32 {
+        match &self.kernel {
+            Kernel::Dense { wt, .. } => wt.dim(1),
+            Kernel::Quantized(q) => q.weight.dim(0),
+        }
+    }
+
+    /// A copy computing only the outputs `ids` (`[N]` integer, in that
+    /// order): the weight's rows (and bias entries) gathered into new
+    /// arrays, dense or quantized as the layer is.
+    pub(crate) fn output_rows(&self, ids: &Array) -> Result<Linear> {
+        let bias = match &self.bias {
+            Some(b) => Some(b.take(ids, 0)?),
+            None => None,
+        };
+        Ok(match &self.kernel {
+            Kernel::Dense { wt, w, .. } => {
+                let weight = match w {
+                    Some(w) => w.take(ids, 0)?,
+                    None => wt.take(ids, 1)?.t()?,
+                };
+                Linear::from_weight(&weight, bias, LinearLayout::TransposedView)?
+            }
+            Kernel::Quantized(q) => Linear::from_quantized(
+                QuantizedTensor {
+                    weight: q.weight.take(ids, 0)?,
+                    scales: q.scales.take(ids, 0)?,
+                    biases: q.biases.take(ids, 0)?,
+                    params: q.params,
+                },
+                bias,
+            ),
+        })
+    }
+
     /// One layer computing `parts` side by side (their outputs concatenated):
     /// the weights, and biases, stacked along the output axis, so one matmul
     /// reads them instead of one per part. `None` when the parts cannot share
@@ -721,6 +757,37 @@ mod tests {
     /// the dense product to the precision of its bits and really is
     /// quantized (not bit-identical); a layer it cannot quantize (input not a
     /// multiple of the group size, or already quantized) gives `None`.
+    /// `output_rows(ids)` computes exactly the full layer's outputs `ids`,
+    /// in their order, for both dense layouts and a quantized layer.
+    #[test]
+    fn output_rows_are_the_full_layers_columns() {
+        let w = rand(&[96, 128], 60);
+        let bias = rand(&[96], 61);
+        let x = rand(&[1, 3, 128], 62);
+        let ids_v: Vec<u32> = vec![95, 0, 7, 40, 41];
+        let ids = Array::from_slice(&ids_v, &[5]).unwrap();
+        let p = QuantParams {
+            group_size: 64,
+            bits: 8,
+        };
+        let dense = |layout| Linear::from_weight(&w, Some(bias.clone()), layout).unwrap();
+        for full in [
+            dense(LinearLayout::TransposedView),
+            dense(LinearLayout::PreTransposed),
+            dense(LinearLayout::DEFAULT)
+                .quantized_copy(p)
+                .unwrap()
+                .unwrap(),
+        ] {
+            let want = full.forward(&x).unwrap().take(&ids, 2).unwrap();
+            let sub = full.output_rows(&ids).unwrap();
+            assert_eq!(sub.output_width(), 5);
+            assert_eq!(sub.is_quantized(), full.is_quantized());
+            let got = sub.forward(&x).unwrap();
+            assert!(max_diff(&got, &want) < 1e-5, "{}", max_diff(&got, &want));
+        }
+    }
+
     /// Unit-normal weights and inputs, error over the output's largest |y|:
     /// measured 0.0044 at 8 bits and 0.094 at 4 bits (`[96, 128]`), 0.08 and
     /// 0.13 for the fused parts at 4 bits; the bounds below leave 2x margin

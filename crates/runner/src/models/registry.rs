@@ -49,12 +49,14 @@ pub trait Model: std::fmt::Debug {
         None
     }
 
-    /// Gives the MTP head drafting weights affine-quantized to `p` (its
+    /// Sets up how the MTP head drafts: over a vocabulary subset (its own
+    /// gathered unembedding) and with drafting weights affine-quantized (its
     /// unembedding, projection and, where the family provides it, its
-    /// block); the trunk keeps its own. False when there is no head to
-    /// quantize. See `MtpHead::quantized` for why the output is unchanged.
-    fn quantize_draft_head(&mut self, p: crate::quant::QuantParams) -> Result<bool> {
-        let _ = p;
+    /// block); the trunk keeps its own weights. False when there is no head.
+    /// See `MtpHead::with_draft_vocab` and `MtpHead::quantized` for why the
+    /// output is unchanged.
+    fn adapt_draft_head(&mut self, s: &crate::DraftHeadSetup) -> Result<bool> {
+        let _ = s;
         Ok(false)
     }
 }

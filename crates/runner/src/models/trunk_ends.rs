@@ -60,13 +60,22 @@ impl TrunkEnds {
             .map(|h| Box::new(h.fresh()) as Box<dyn mtp_draft::DraftHead>)
     }
 
-    /// Replaces the MTP head by its copy with drafting weights quantized to
-    /// `p` (see [`MtpHead::quantized`]); false when there is no head.
-    pub(crate) fn quantize_mtp(&mut self, p: crate::quant::QuantParams) -> Result<bool> {
+    /// Replaces the MTP head by its copy set up as `s` asks: over a
+    /// vocabulary subset ([`MtpHead::with_draft_vocab`], gathered from the
+    /// full-precision rows), then quantized ([`MtpHead::quantized`]); false
+    /// when there is no head.
+    pub(crate) fn adapt_mtp(&mut self, s: &crate::DraftHeadSetup) -> Result<bool> {
         let Some(head) = &self.mtp else {
             return Ok(false);
         };
-        self.mtp = Some(head.quantized(p)?);
+        let mut head = match &s.vocab {
+            Some(ids) => head.with_draft_vocab(ids)?,
+            None => head.fresh(),
+        };
+        if let Some(p) = s.quant {
+            head = head.quantized(p)?;
+        }
+        self.mtp = Some(head);
         Ok(true)
     }
 

@@ -16,7 +16,7 @@ mod writer;
 mod attention_paths;
 mod bad_input;
 mod cancel;
-mod draft_quant;
+mod draft_head;
 mod drafters;
 mod families;
 mod formats;
