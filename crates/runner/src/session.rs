@@ -31,6 +31,8 @@ pub(crate) use target::Target;
 
 /// Prompt tokens per prefill forward.
 pub(crate) const PREFILL_CHUNK: usize = 2048;
+// The MTP head pads flushes up to one default chunk (`models/sdpa.rs`).
+const _: () = assert!(PREFILL_CHUNK == crate::models::sdpa::FLUSH_BUCKET_CAP);
 
 /// How a session drafts: the one choice the CLI's `generate` and `chat` and
 /// a library user make the same way, with [`Session::open`].

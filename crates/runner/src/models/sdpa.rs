@@ -88,6 +88,11 @@ pub fn shape_buckets() -> bool {
 /// draft-flush row counts, each built once by the warm-up (`generate/warm.rs`).
 pub(crate) const UNBUCKETED_ROWS: usize = 8;
 
+/// The longest MTP flush padded to a bucket: the default prefill chunk
+/// (`session::PREFILL_CHUNK`, held equal by a const assertion there); longer flushes keep
+/// their length.
+pub(crate) const FLUSH_BUCKET_CAP: usize = 2048;
+
 /// The row count a prefill chunk of `rows` rows is padded to under buckets:
 /// above [`UNBUCKETED_ROWS`], the next power of two or, from 384 on, three
 /// quarters of one (16, 32, ..., 256, 384, 512, 768, 1024, 1536, 2048, ...),

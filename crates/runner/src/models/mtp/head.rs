@@ -334,7 +334,7 @@ impl DraftHead for MtpHead {
     fn flush_rows(&self, rows: usize) -> usize {
         if crate::models::sdpa::shape_buckets() && self.caches.iter().all(|c| c.rewinds_by_offset())
         {
-            crate::models::sdpa::row_bucket(rows, rows.max(crate::session::PREFILL_CHUNK))
+            crate::models::sdpa::row_bucket(rows, rows.max(crate::models::sdpa::FLUSH_BUCKET_CAP))
         } else {
             rows
         }
