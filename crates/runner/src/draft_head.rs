@@ -5,7 +5,99 @@
 //! a draft step costs.
 
 use crate::error::{Error, Result};
-use crate::quant::{DraftQuant, QuantParams};
+use crate::quant::QuantParams;
+
+/// `Auto`'s reading of the variable `var`: its value parsed by `parse` when
+/// set, `None` when unset; a value `parse` refuses is an error naming the
+/// variable and `accepted`.
+fn from_env<T>(
+    var: &'static str,
+    accepted: &str,
+    parse: impl Fn(&str) -> Result<T>,
+) -> Result<Option<T>> {
+    match std::env::var(var) {
+        Ok(v) => parse(&v).map(Some).map_err(|_| Error::InvalidOption {
+            option: var,
+            message: format!("`{v}` is not {accepted}"),
+        }),
+        Err(_) => Ok(None),
+    }
+}
+
+/// What `--draft-quant` and `MTP_DRAFT_QUANT` accept.
+const QUANT_VALUES: &str = "one of auto, off, q8, q4";
+
+/// What `--draft-vocab` and `MTP_DRAFT_VOCAB` accept.
+const VOCAB_VALUES: &str = "auto, off or a token count of at least 1";
+
+/// The precision of the MTP head's drafting weights (its unembedding,
+/// projection and block; the trunk keeps its own), chosen at load: see
+/// `MtpHead::quantized` for why any choice keeps the output exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DraftQuant {
+    /// `MTP_DRAFT_QUANT` (`off`, `q8`, `q4`) when set, else [`DraftQuant::default_for`].
+    #[default]
+    Auto,
+    /// The head drafts with the weights as loaded.
+    Off,
+    /// Affine quantization to this many bits (4 or 8), groups of 64.
+    Bits(u32),
+}
+
+/// The group size of a quantized draft head (MLX's and mlx-lm's default).
+pub(crate) const DRAFT_GROUP_SIZE: u32 = 64;
+
+impl DraftQuant {
+    /// Reads `off`, `q8` or `q4` (`auto` for [`DraftQuant::Auto`]).
+    pub fn parse(s: &str) -> Result<DraftQuant> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(DraftQuant::Auto),
+            "off" | "none" => Ok(DraftQuant::Off),
+            "q8" | "8" => Ok(DraftQuant::Bits(8)),
+            "q4" | "4" => Ok(DraftQuant::Bits(4)),
+            other => Err(Error::InvalidOption {
+                option: "draft-quant",
+                message: format!("`{other}` is not {QUANT_VALUES}"),
+            }),
+        }
+    }
+
+    /// The choice without `MTP_DRAFT_QUANT`: what pays on `device` for a
+    /// model loaded in `dtype` (see docs/gpu.md, "draft head precision").
+    pub fn default_for(device: mlx_tensor::Device, dtype: mlx_tensor::Dtype) -> DraftQuant {
+        let _ = (device, dtype);
+        DraftQuant::Off
+    }
+
+    /// The parameters to quantize with, or `None` for full precision:
+    /// `Auto` resolved through `MTP_DRAFT_QUANT` (an unreadable value is an
+    /// error naming the variable) and then [`DraftQuant::default_for`].
+    pub fn resolve(
+        self,
+        device: mlx_tensor::Device,
+        dtype: mlx_tensor::Dtype,
+    ) -> Result<Option<QuantParams>> {
+        let chosen = match self {
+            DraftQuant::Auto => match from_env("MTP_DRAFT_QUANT", QUANT_VALUES, DraftQuant::parse)?
+            {
+                None | Some(DraftQuant::Auto) => DraftQuant::default_for(device, dtype),
+                Some(q) => q,
+            },
+            q => q,
+        };
+        match chosen {
+            DraftQuant::Bits(bits @ (4 | 8)) => Ok(Some(QuantParams {
+                group_size: DRAFT_GROUP_SIZE,
+                bits,
+            })),
+            DraftQuant::Bits(bits) => Err(Error::InvalidOption {
+                option: "draft-quant",
+                message: format!("{bits} bits: a draft head is quantized to 4 or 8 bits"),
+            }),
+            _ => Ok(None),
+        }
+    }
+}
 
 /// The vocabulary the MTP head drafts over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -33,7 +125,7 @@ impl DraftVocab {
                 Ok(n) if n > 0 => Ok(DraftVocab::Top(n)),
                 _ => Err(Error::InvalidOption {
                     option: "draft-vocab",
-                    message: format!("`{s}` is not auto, off or a token count of at least 1"),
+                    message: format!("`{s}` is not {VOCAB_VALUES}"),
                 }),
             },
         }
@@ -44,13 +136,8 @@ impl DraftVocab {
     /// error naming the variable).
     pub fn resolve(self) -> Result<Option<usize>> {
         let chosen = match self {
-            DraftVocab::Auto => match std::env::var("MTP_DRAFT_VOCAB") {
-                Ok(v) => DraftVocab::parse(&v).map_err(|_| Error::InvalidOption {
-                    option: "MTP_DRAFT_VOCAB",
-                    message: format!("`{v}` is not auto, off or a token count of at least 1"),
-                })?,
-                Err(_) => DraftVocab::Off,
-            },
+            DraftVocab::Auto => from_env("MTP_DRAFT_VOCAB", VOCAB_VALUES, DraftVocab::parse)?
+                .unwrap_or(DraftVocab::Off),
             v => v,
         };
         Ok(match chosen {
@@ -113,6 +200,99 @@ fn draft_ids(vocab_size: usize, n: usize, special: &[u32]) -> Option<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mlx_tensor::{Device, Dtype};
+
+    /// `DraftQuant::parse(input)` is `want`, or an `InvalidOption` on
+    /// `draft-quant` naming the input and every accepted value.
+    fn check(input: &str, want: Option<DraftQuant>) {
+        match (DraftQuant::parse(input), want) {
+            (Ok(got), Some(want)) => assert_eq!(got, want, "parse({input:?})"),
+            (Err(e), None) => {
+                let Error::InvalidOption { option, message } = &e else {
+                    panic!("parse({input:?}): not InvalidOption: {e:?}");
+                };
+                assert_eq!(*option, "draft-quant", "parse({input:?})");
+                let named = format!("`{}`", input.trim().to_ascii_lowercase());
+                assert!(message.contains(&named), "parse({input:?}): {message}");
+                for accepted in ["auto", "off", "q8", "q4"] {
+                    assert!(message.contains(accepted), "parse({input:?}): {message}");
+                }
+            }
+            (got, want) => panic!("parse({input:?}) = {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn draft_quant_parses_its_names_and_rejects_the_rest() {
+        check("auto", Some(DraftQuant::Auto));
+        check("off", Some(DraftQuant::Off));
+        check("q8", Some(DraftQuant::Bits(8)));
+        check("q4", Some(DraftQuant::Bits(4)));
+        check("  Q4\n", Some(DraftQuant::Bits(4)));
+        check("AUTO", Some(DraftQuant::Auto));
+        check(" Off ", Some(DraftQuant::Off));
+        check("q3", None);
+        check("", None);
+        check("eight", None);
+        check("q16", None);
+        check("Q2", None);
+    }
+
+    #[test]
+    fn explicit_draft_quant_resolves_to_group_64_at_4_or_8_bits() {
+        for device in [Device::Cpu, Device::Gpu] {
+            for dtype in [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16] {
+                let resolve = |q: DraftQuant| q.resolve(device, dtype);
+                for bits in [4, 8] {
+                    assert_eq!(
+                        resolve(DraftQuant::Bits(bits)).unwrap(),
+                        Some(QuantParams {
+                            group_size: 64,
+                            bits
+                        }),
+                        "{bits} bits on {device:?} {dtype:?}"
+                    );
+                }
+                assert_eq!(resolve(DraftQuant::Off).unwrap(), None);
+                // MLX implements 3, 2, 5 and 6 bits too; a draft head takes 4 or 8 only.
+                for bits in [0, 2, 3, 16] {
+                    match resolve(DraftQuant::Bits(bits)) {
+                        Err(Error::InvalidOption { option, message }) => {
+                            assert_eq!(option, "draft-quant");
+                            assert!(
+                                message.contains(&format!("{bits} bits"))
+                                    && message.contains("4 or 8"),
+                                "{message}"
+                            );
+                        }
+                        other => panic!("Bits({bits}) resolved to {other:?}"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Without `MTP_DRAFT_QUANT`, `Auto` is [`DraftQuant::default_for`]. Read
+    /// only: tests share the process environment, so none sets the variable
+    /// (the CLI tests run the binary with it set), and when the caller's
+    /// environment sets it there is nothing to check here.
+    #[test]
+    fn auto_draft_quant_without_the_variable_is_the_backend_default() {
+        if std::env::var_os("MTP_DRAFT_QUANT").is_some() {
+            return;
+        }
+        for device in [Device::Cpu, Device::Gpu] {
+            for dtype in [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16] {
+                let default = DraftQuant::default_for(device, dtype);
+                assert_ne!(default, DraftQuant::Auto, "{device:?} {dtype:?}");
+                assert_eq!(
+                    DraftQuant::Auto.resolve(device, dtype).unwrap(),
+                    default.resolve(device, dtype).unwrap(),
+                    "{device:?} {dtype:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn draft_vocab_parses_auto_off_and_counts() {

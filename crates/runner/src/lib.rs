@@ -101,7 +101,7 @@ pub use chat::{Message, apply_chat_template};
 pub use config::{GenerationConfig, HybridConfig, LayerKind, ModelConfig, RopeScaling, TokenIds};
 pub use conversation::{Conversation, END_OF_TURN, Turn};
 pub use depth::DepthPolicy;
-pub use draft_head::{DraftHeadSetup, DraftVocab};
+pub use draft_head::{DraftHeadSetup, DraftQuant, DraftVocab};
 pub use drafter::{DraftMethod, NgramOptions, load_draft};
 pub use error::{Error, Result};
 pub use files::check_model_folder;
@@ -115,7 +115,7 @@ pub use models::sdpa::{
 };
 pub use models::skinny::{set_rows_kernel, set_rows_kernel_one_row};
 pub use prefix::{PrefixCache, Reuse, ReuseSource};
-pub use quant::{DraftQuant, QuantParams};
+pub use quant::QuantParams;
 pub use quantize::{QuantizeOptions, QuantizeReport, quantize_folder, quantize_folder_cancellable};
 /// The sampler crate, re-exported for callers that build options.
 pub use sampler;

@@ -7,14 +7,13 @@ use std::path::Path;
 use mlx_tensor::Dtype;
 
 use crate::config::{GenerationConfig, ModelConfig};
-use crate::draft_head::{DraftHeadSetup, DraftVocab};
+use crate::draft_head::{DraftHeadSetup, DraftQuant, DraftVocab};
 use crate::error::{Error, Result};
 use crate::models::Model;
 use crate::models::layers::LinearLayout;
 use crate::models::mtp::MtpLayout;
 use crate::models::registry::{Family, resolve};
 use crate::models::trunk_ends::{MLX_DROPPED_MTP, unused};
-use crate::quant::DraftQuant;
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
 

@@ -412,12 +412,7 @@ pub(crate) fn prefill_chunks(
             return Ok(None);
         }
         let pos = target.committed().len();
-        let rows = if target.pads_prefill() {
-            crate::models::sdpa::row_bucket(part.len(), chunk.max(1))
-        } else {
-            part.len()
-        };
-        let (ids, hidden) = target.prefill_chunk(part, rows)?;
+        let (ids, hidden) = target.prefill_chunk(part, chunk.max(1))?;
         if let Some(d) = draft.as_deref_mut() {
             d.committed(part, &ids, &hidden, pos)?;
         }

@@ -84,6 +84,14 @@ pub fn shape_buckets() -> bool {
     crate::switch::get(&BUCKETS, "MTP_SHAPE_BUCKETS", on_cuda())
 }
 
+/// Whether a forward over `caches` may run over a bucketed row count:
+/// shape buckets are on and every cache rewinds by offset, so the padding's
+/// positions are dropped by moving the offset back (a prefill chunk, an MTP
+/// flush).
+pub(crate) fn pads_over(caches: &[Box<dyn kvcache::Cache>]) -> bool {
+    shape_buckets() && caches.iter().all(|c| c.rewinds_by_offset())
+}
+
 /// Chunks of at most this many rows keep their length: the verify and
 /// draft-flush row counts, each built once by the warm-up (`generate/warm.rs`).
 pub(crate) const UNBUCKETED_ROWS: usize = 8;

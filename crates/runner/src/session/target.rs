@@ -15,7 +15,7 @@ use mlx_tensor::Array;
 
 use super::points::RestorePoints;
 use crate::error::Result;
-use crate::models::Model;
+use crate::models::{Model, sdpa};
 
 /// One sequence's target caches and the tokens they hold.
 pub(crate) struct Target<'m> {
@@ -91,35 +91,27 @@ impl<'m> Target<'m> {
         self.committed.len()
     }
 
-    /// Whether a prefill chunk may be padded to a bucketed row count: shape
-    /// buckets are on ([`crate::models::sdpa::shape_buckets`]) and every cache
-    /// rewinds by offset, so the padding's positions are dropped by moving
-    /// the offset back.
-    pub(crate) fn pads_prefill(&self) -> bool {
-        crate::models::sdpa::shape_buckets() && self.caches.iter().all(|c| c.rewinds_by_offset())
-    }
-
-    /// Forwards and commits one prefill chunk, evaluated; returns the chunk
-    /// as an array and its hidden rows `[n, H]`. With `rows > part.len()`
-    /// (only where [`Target::pads_prefill`]) the forward runs over `rows`
-    /// positions, the chunk followed by copies of its last token, and the
-    /// caches are rewound past the padding: causal attention keeps the
-    /// padding out of the chunk's rows, so they are what an unpadded forward
-    /// gives.
-    pub(crate) fn prefill_chunk(&mut self, part: &[u32], rows: usize) -> Result<(Array, Array)> {
+    /// Forwards and commits one prefill chunk (at most `cap` tokens, the
+    /// chunk size), evaluated; returns the chunk as an array and its hidden
+    /// rows `[n, H]`. Under shape buckets over caches that rewind by offset
+    /// (`sdpa::pads_over`) the forward runs over `sdpa::row_bucket` rows, the
+    /// chunk followed by copies of its last token, and the caches are rewound
+    /// past the padding: causal attention keeps the padding out of the
+    /// chunk's rows, so they are what an unpadded forward gives.
+    pub(crate) fn prefill_chunk(&mut self, part: &[u32], cap: usize) -> Result<(Array, Array)> {
         let pos = self.committed.len();
         let n = part.len();
         let ids = Array::from_slice(part, &[n as i32])?;
-        let room = self.model.context_length().saturating_sub(pos);
-        let rows = rows.min(room).max(n);
+        let rows = if sdpa::pads_over(&self.caches) {
+            let room = self.model.context_length().saturating_sub(pos);
+            sdpa::row_bucket(n, cap).min(room).max(n)
+        } else {
+            n
+        };
         // The offset one token back: the MTP boundary re-run and the plain
         // loop's end-of-sequence drop rewind there.
         let points = RestorePoints::schedule(&mut self.caches, &[pos + n - 1]);
         let hidden = if rows > n {
-            assert!(
-                self.pads_prefill(),
-                "a padded prefill over caches that cannot drop it"
-            );
             let mut padded = part.to_vec();
             padded.resize(rows, part[n - 1]);
             let input = Array::from_slice(&padded, &[rows as i32])?;

@@ -332,8 +332,7 @@ impl DraftHead for MtpHead {
     /// count the target's prefill chunks use (see `Target::prefill_chunk`);
     /// flushes longer than a default chunk keep their length.
     fn flush_rows(&self, rows: usize) -> usize {
-        if crate::models::sdpa::shape_buckets() && self.caches.iter().all(|c| c.rewinds_by_offset())
-        {
+        if crate::models::sdpa::pads_over(&self.caches) {
             crate::models::sdpa::row_bucket(rows, rows.max(crate::models::sdpa::FLUSH_BUCKET_CAP))
         } else {
             rows
