@@ -59,6 +59,12 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// Environment switches of ours and of MLX's CUDA backend that change what a
 /// run measures (docs/gpu.md names each).
+/// Largest difference of the fused heads kernel from the ops path, relative
+/// to the output's range, in f32 (only the norm's sum order differs) and in
+/// bf16 (that order can move a rounding by one unit, 2^-8 of a value).
+const HEADS_F32_TOLERANCE: f32 = 1e-4;
+const HEADS_BF16_TOLERANCE: f32 = 2e-2;
+
 const SWITCHES: &[&str] = &[
     "MTP_DELTA_KERNEL",
     "MTP_EARLY_DRAFT_DISPATCH",
@@ -70,6 +76,7 @@ const SWITCHES: &[&str] = &[
     "MTP_DRAFT_QUANT",
     "MTP_SHAPE_BUCKETS",
     "MTP_DRAFT_VOCAB",
+    "MTP_FUSED_HEADS",
     "MLX_CUDA_GRAPH_CACHE_SIZE",
     "MLX_CUDA_USE_CUDNN_SDPA",
     "MLX_USE_CUDA_GRAPHS",
@@ -362,6 +369,22 @@ fn main() -> Res<()> {
         r
     };
 
+    // The fused heads kernel against the ops path, before anything it
+    // computes is timed (only where it runs: CUDA).
+    if let Some(worst) = runner::fused_heads_check()? {
+        let [(_, f32_err), (_, bf16_err)] = worst;
+        println!(
+            "{}",
+            row(json!({"kind": "heads-unit", "f32_rel_err": f32_err, "bf16_rel_err": bf16_err}))
+        );
+        if f32_err > HEADS_F32_TOLERANCE || bf16_err > HEADS_BF16_TOLERANCE {
+            return Err(format!(
+                "the fused heads kernel differs from the ops path: f32 {f32_err:.2e} (> {HEADS_F32_TOLERANCE:e}) \
+                 or bf16 {bf16_err:.2e} (> {HEADS_BF16_TOLERANCE:e}) of the output range"
+            )
+            .into());
+        }
+    }
     let before = mlx_tensor::memory::active();
     let t0 = Instant::now();
     let opts = LoadOptions {

@@ -109,6 +109,7 @@ pub use generate::{FinishReason, GenerateOptions, Generation};
 pub use load::{LoadOptions, LoadedModel, ModelInfo, inspect, load};
 pub use models::Model;
 pub use models::delta_kernel::set_delta_kernel;
+pub use models::heads_kernel::{self_check as fused_heads_check, set_fused_heads};
 pub use models::layers::LinearLayout;
 pub use models::sdpa::{
     AttentionPath, attention_path, set_attention_path, set_shape_buckets, shape_buckets,

@@ -7,6 +7,7 @@ use mlx_tensor::{Array, fast};
 
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::models::heads_kernel;
 use crate::models::layers::RmsNorm;
 use crate::models::rope::Rope;
 use crate::models::sdpa::{self, Kernel};
@@ -64,9 +65,15 @@ impl AttentionCore {
             };
             Ok(y.transpose(&[0, 2, 1, 3])?)
         };
-        let q = rope.forward(&heads_first(q, &self.q_norm)?, offset)?;
-        let k = rope.forward(&heads_first(k, &self.k_norm)?, offset)?;
-        let v = heads_first(v, &None)?;
+        let norms = (self.q_norm.as_ref(), self.k_norm.as_ref());
+        let (q, k, v) = match heads_kernel::prepare(q, k, v, norms, rope, offset)? {
+            Some(heads) => heads,
+            None => (
+                rope.forward(&heads_first(q, &self.q_norm)?, offset)?,
+                rope.forward(&heads_first(k, &self.k_norm)?, offset)?,
+                heads_first(v, &None)?,
+            ),
+        };
         // The cache picks the mask (before the update): causal aligned at the end for
         // L > 1, so a chunk at offset > 0 sees the whole prefix; none for one query.
         let mask = cache.make_mask(l as usize)?;

@@ -462,6 +462,21 @@ impl RmsNorm {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
     }
 
+    /// A norm of `weight` `[dim]` and `eps`.
+    pub(crate) fn from_parts(weight: Array, eps: f32) -> RmsNorm {
+        RmsNorm { weight, eps }
+    }
+
+    /// The learned scale, `[dim]`.
+    pub(crate) fn weight(&self) -> &Array {
+        &self.weight
+    }
+
+    /// The epsilon under the square root.
+    pub(crate) fn eps(&self) -> f32 {
+        self.eps
+    }
+
     /// The same norm with `1` added to its weight: how a zero-centred
     /// checkpoint norm (`x · (1 + w)`) is loaded, once.
     pub(crate) fn shifted_by_one(&self) -> Result<RmsNorm> {

@@ -109,6 +109,19 @@ impl Rope {
         Ok(mlx_tensor::ops::concatenate(&[rotated, pass], axis)?)
     }
 
+    /// Whether this RoPE rotates all `head_dim` features with no YaRN
+    /// attention scale: what `models/heads_kernel.rs` computes.
+    pub(crate) fn whole_head(&self, head_dim: i32) -> bool {
+        self.dims == head_dim && self.mscale == 1.0
+    }
+
+    /// What a kernel needs to rotate as [`Rope::forward`] does: the period
+    /// table (when scaled), `log2(base)` (MLX's angle takes the base so) and
+    /// the position scale.
+    pub(crate) fn kernel_terms(&self) -> (Option<&Array>, f32, f32) {
+        (self.freqs.as_ref(), self.base.log2(), self.scale)
+    }
+
     /// Arrays to evaluate at load.
     pub(crate) fn arrays(&self) -> Vec<Array> {
         self.freqs.iter().cloned().collect()

@@ -1,0 +1,353 @@
+//! One CUDA kernel that turns an attention layer's q, k, v projections into
+//! the heads attention and the KV cache take: the per-head q/k RMSNorm, RoPE
+//! at the cache's offset and the move to heads-first `[1, H, L, D]`, for
+//! every query row at once.
+//!
+//! Why: a decode step on CUDA is bound by the host encoding MLX's graph
+//! nodes (about 3–6 µs each at the 8B shape on an H200; a plain step's 1,053
+//! nodes took 5.3 ms to dispatch in a traced process against ~5 ms of device
+//! work), and between them the ops path spends seven nodes per layer here: two
+//! norms, three transposes, two RoPEs; this kernel is one. For two or
+//! more rows it also costs device time: the norms cannot read a slice of the
+//! fused q/k/v product in place, so MLX copies q and k first. A kernel trace
+//! of an 8B verify of 5 rows (`docs/gpu.md`, session 15) put those norms,
+//! copies and RoPEs at 32 of a layer's 172 µs, against 15 of 130 µs for a
+//! one-row step. The kernel reads q, k, v through their strides.
+//!
+//! Numerics follow MLX's kernels: the norm's `x · rsqrt(mean(x²) + eps)` is
+//! rounded to the dtype, multiplied by the weight in the dtype, then rotated
+//! in f32 with MLX's angle (`scale · position · base^(−2i/d)`, or `1 /
+//! period` with a frequency table) and rounded once more. Only the order of
+//! the sum of squares differs from MLX's norm. Every row is computed by the
+//! same code whatever the row count, so a verify row equals the plain step's
+//! bit for bit, which greedy parity needs.
+//!
+//! Taken on CUDA for bf16, f16 and f32 heads of width 32–256 (a multiple of
+//! 32) with RoPE over the whole head and no YaRN attention scale; anything
+//! else takes the ops path. `MTP_FUSED_HEADS=0` turns it off.
+
+use std::cell::Cell;
+
+use mlx_tensor::fast::{CudaKernel, CudaLaunch};
+use mlx_tensor::{Array, Dtype};
+
+use crate::error::Result;
+use crate::models::layers::RmsNorm;
+use crate::models::rope::Rope;
+
+const KERNEL: CudaKernel<'static> = CudaKernel {
+    name: "mtp_heads",
+    source: SOURCE,
+    inputs: &["q", "k", "v", "qw", "kw", "off", "fr"],
+    outputs: &["qo", "ko", "vo"],
+    row_contiguous: false,
+};
+
+/// Warp `(head, l)` of the `Hq + 2·Hkv` heads (q's, then k's, then v's) of
+/// row `l`; lane `t` holds features `t + 32e`. `q, k, v: [1, L, H, D]`
+/// through their strides; `qw`, `kw` the norm weights (`QN`, `KN` say whether
+/// they are used), `off` the cache offset, `fr` the per-pair periods when
+/// `FREQS`. Floats arrive as their bits (`*_BITS`): templates are integers.
+/// `TB` names the dtype: 1 bf16, 2 f16, 0 f32. NVRTC has no standard library.
+const SOURCE: &str = r#"
+  constexpr int EPL = D / 32;
+  const int lane = threadIdx.x & 31;
+  const int head = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+  const int l = blockIdx.y;
+  const int L = q_shape[1];
+  const int Hq = q_shape[2];
+  const int Hkv = k_shape[2];
+  if (head >= Hq + 2 * Hkv) return;
+  auto get = [](const auto* p, long long i) -> float {
+    if constexpr (TB == 1) return __bfloat162float(p[i]);
+    else if constexpr (TB == 2) return __half2float(p[i]);
+    else return p[i];
+  };
+  auto put = [](auto* p, long long i, float f) {
+    if constexpr (TB == 1) p[i] = __float2bfloat16(f);
+    else if constexpr (TB == 2) p[i] = __float2half(f);
+    else p[i] = f;
+  };
+  auto rnd = [](float f) -> float {
+    if constexpr (TB == 1) return __bfloat162float(__float2bfloat16(f));
+    else if constexpr (TB == 2) return __half2float(__float2half(f));
+    else return f;
+  };
+  float x[EPL];
+  if (head >= Hq + Hkv) {
+    const int h = head - Hq - Hkv;
+    const long long base = (long long)l * v_strides[1] + (long long)h * v_strides[2];
+    #pragma unroll
+    for (int e = 0; e < EPL; ++e) {
+      put(vo, ((long long)h * L + l) * D + lane + 32 * e, get(v, base + (long long)(lane + 32 * e) * v_strides[3]));
+    }
+    return;
+  }
+  const bool isq = head < Hq;
+  const int h = isq ? head : head - Hq;
+  if (isq) {
+    const long long base = (long long)l * q_strides[1] + (long long)h * q_strides[2];
+    #pragma unroll
+    for (int e = 0; e < EPL; ++e) x[e] = get(q, base + (long long)(lane + 32 * e) * q_strides[3]);
+  } else {
+    const long long base = (long long)l * k_strides[1] + (long long)h * k_strides[2];
+    #pragma unroll
+    for (int e = 0; e < EPL; ++e) x[e] = get(k, base + (long long)(lane + 32 * e) * k_strides[3]);
+  }
+  if (isq ? QN : KN) {
+    float ss = 0.0f;
+    #pragma unroll
+    for (int e = 0; e < EPL; ++e) ss += x[e] * x[e];
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = rsqrtf(ss / (float)D + __int_as_float(EPS_BITS));
+    #pragma unroll
+    for (int e = 0; e < EPL; ++e) {
+      const float w = isq ? get(qw, lane + 32 * e) : get(kw, lane + 32 * e);
+      x[e] = rnd(w * rnd(x[e] * inv));
+    }
+  }
+  // RoPE, half-split: feature i < D/2 pairs with i + D/2.
+  float pr[EPL];
+  if constexpr (EPL == 1) {
+    pr[0] = __shfl_xor_sync(0xffffffffu, x[0], 16);
+  } else {
+    #pragma unroll
+    for (int e = 0; e < EPL; ++e) pr[e] = x[(e + EPL / 2) % EPL];
+  }
+  const float pos = __int_as_float(SCALE_BITS) * (float)(off[0] + l);
+  constexpr int HALF = D / 2;
+  #pragma unroll
+  for (int e = 0; e < EPL; ++e) {
+    const int i = lane + 32 * e;
+    const bool first = i < HALF;
+    const int i1 = first ? i : i - HALF;
+    float inv_freq;
+    if constexpr (FREQS) {
+      inv_freq = (float)(1.0 / (double)fr[i1]);
+    } else {
+      inv_freq = exp2f(-((float)i1 / (float)HALF) * __int_as_float(LOG2BASE_BITS));
+    }
+    const float theta = pos * inv_freq;
+    const float c = cosf(theta);
+    const float s = sinf(theta);
+    x[e] = first ? x[e] * c - pr[e] * s : pr[e] * s + x[e] * c;
+  }
+  #pragma unroll
+  for (int e = 0; e < EPL; ++e) {
+    const long long o = ((long long)h * L + l) * D + lane + 32 * e;
+    if (isq) put(qo, o, x[e]); else put(ko, o, x[e]);
+  }
+"#;
+
+thread_local! {
+    /// `MTP_FUSED_HEADS=0` turns the kernel off (default on, on CUDA).
+    static ENABLED: crate::switch::Flag = const { Cell::new(None) };
+}
+
+/// Turns the fused heads kernel on or off for this thread's later forwards
+/// (default: on where it applies, unless `MTP_FUSED_HEADS=0`).
+pub fn set_fused_heads(on: bool) {
+    crate::switch::set(&ENABLED, on);
+}
+
+/// The template code of a dtype the kernel computes in.
+fn dtype_code(d: Dtype) -> Option<i32> {
+    match d {
+        Dtype::Bfloat16 => Some(1),
+        Dtype::Float16 => Some(2),
+        Dtype::Float32 => Some(0),
+        _ => None,
+    }
+}
+
+/// The norm's weight when it can go to the kernel (`Some(None)`: no norm);
+/// `None` when its weight's dtype is not the heads'.
+fn norm_weight(n: Option<&RmsNorm>, dtype: Dtype) -> Option<Option<(&Array, f32)>> {
+    match n {
+        None => Some(None),
+        Some(n) if n.weight().dtype() == dtype && n.weight().ndim() == 1 => {
+            Some(Some((n.weight(), n.eps())))
+        }
+        Some(_) => None,
+    }
+}
+
+/// The heads-first `(q, k, v)` `[1, H, L, D]` of `q` `[1, L, Hq, D]`, `k`, `v`
+/// `[1, L, Hkv, D]` (any strides) after the norms and RoPE at `offset`, when
+/// the kernel takes them on this backend; `None` for the ops path.
+pub(crate) fn prepare(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    norms: (Option<&RmsNorm>, Option<&RmsNorm>),
+    rope: &Rope,
+    offset: usize,
+) -> Result<Option<(Array, Array, Array)>> {
+    let dtype = q.dtype();
+    let Some(tb) = dtype_code(dtype) else {
+        return Ok(None);
+    };
+    let d = q.dim(-1);
+    let rank4 = |a: &Array| a.ndim() == 4 && a.dim(0) == 1 && a.dim(-1) == d && a.dtype() == dtype;
+    let fits = rank4(q)
+        && rank4(k)
+        && rank4(v)
+        && k.dim(1) == q.dim(1)
+        && v.dim(1) == q.dim(1)
+        && k.dim(2) == v.dim(2)
+        && d % 32 == 0
+        && (32..=256).contains(&d)
+        && rope.whole_head(d)
+        && i32::try_from(offset + q.dim(1) as usize).is_ok();
+    if !fits
+        || !crate::models::sdpa::on_cuda()
+        || !crate::switch::get(&ENABLED, "MTP_FUSED_HEADS", true)
+    {
+        return Ok(None);
+    }
+    let (Some(qn), Some(kn)) = (norm_weight(norms.0, dtype), norm_weight(norms.1, dtype)) else {
+        return Ok(None);
+    };
+    let (l, hq, hkv) = (q.dim(1), q.dim(2), k.dim(2));
+    // An input the kernel does not read (its template says so) is given an
+    // array of a type its unused code still compiles for: q, or the offset.
+    let (qw, q_eps) = qn.unwrap_or((q, 0.0));
+    let (kw, k_eps) = kn.unwrap_or((q, 0.0));
+    // Both norms of a layer share one eps (the config's); take the one in use.
+    let eps = if qn.is_some() { q_eps } else { k_eps };
+    if qn.is_some() && kn.is_some() && q_eps != k_eps {
+        return Ok(None);
+    }
+    let off = Array::from_slice(&[offset as i32], &[1])?;
+    let (freqs, log2_base, scale) = rope.kernel_terms();
+    let fr = freqs.unwrap_or(&off);
+    let warps = hq + 2 * hkv;
+    let templates = [
+        ("D", d),
+        ("TB", tb),
+        ("QN", i32::from(qn.is_some())),
+        ("KN", i32::from(kn.is_some())),
+        ("FREQS", i32::from(freqs.is_some())),
+        ("EPS_BITS", eps.to_bits() as i32),
+        ("SCALE_BITS", scale.to_bits() as i32),
+        ("LOG2BASE_BITS", log2_base.to_bits() as i32),
+    ];
+    let launch = CudaLaunch {
+        outputs: &[
+            (&[1, hq, l, d], dtype),
+            (&[1, hkv, l, d], dtype),
+            (&[1, hkv, l, d], dtype),
+        ],
+        grid: [32 * warps, l, 1],
+        block: [128, 1, 1],
+        templates: &templates,
+    };
+    let mut out = KERNEL.apply(&[q, k, v, qw, kw, &off, fr], &launch)?;
+    let vo = out.pop().expect("three outputs");
+    let ko = out.pop().expect("three outputs");
+    let qo = out.pop().expect("three outputs");
+    Ok(Some((qo, ko, vo)))
+}
+
+/// The kernel against the ops path on this device: random q/k/v sliced from
+/// one fused projection (so strided, as in a model), q/k norms with random
+/// weights, RoPE at offset 1,000 plain and with a period table, over head
+/// widths 32, 64, 128 and 1, 5 and 37 rows. Returns the worst
+/// `max |kernel − ops| ÷ max |ops|` per dtype (f32, then bf16), or `None`
+/// where the kernel does not run (no CUDA).
+pub fn self_check() -> Result<Option<[(Dtype, f32); 2]>> {
+    use mlx_tensor::random;
+    let rand = |shape: &[i32], seed: u64| -> Result<Array> {
+        Ok(random::normal(shape, Dtype::Float32, &random::key(seed)?)?)
+    };
+    if !crate::models::sdpa::on_cuda() {
+        return Ok(None);
+    }
+    let mut worst = [(Dtype::Float32, 0.0f32), (Dtype::Bfloat16, 0.0f32)];
+    for (dtype, slot) in [(Dtype::Float32, 0), (Dtype::Bfloat16, 1)] {
+        for (d, l, scaled) in [
+            (64, 1, false),
+            (64, 5, true),
+            (128, 5, false),
+            (32, 37, false),
+            (128, 1, true),
+        ] {
+            let (hq, hkv) = (8, 2);
+            let fused =
+                rand(&[1, l, (hq + 2 * hkv) * d], 11 + d as u64 + l as u64)?.as_type(dtype)?;
+            let part = |lo: i32, n: i32| -> Result<Array> {
+                Ok(fused
+                    .slice_axis(2, lo * d, (lo + n) * d)?
+                    .reshape(&[1, l, n, d])?)
+            };
+            let (q, k, v) = (part(0, hq)?, part(hq, hkv)?, part(hq + hkv, hkv)?);
+            let norm = |seed: u64| -> Result<RmsNorm> {
+                let w = rand(&[d], seed)?.as_type(dtype)?;
+                Ok(RmsNorm::from_parts(w, 1e-6))
+            };
+            let (qn, kn) = (norm(3)?, norm(4)?);
+            let scaling = if scaled {
+                crate::config::RopeScaling::Llama3 {
+                    factor: 8.0,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: 4.0,
+                    original_max_position_embeddings: 8192,
+                }
+            } else {
+                crate::config::RopeScaling::None
+            };
+            let rope = Rope::new(d as usize, 1_000_000.0, &scaling)?;
+            let offset = 1000;
+            let Some((qo, ko, vo)) = prepare(&q, &k, &v, (Some(&qn), Some(&kn)), &rope, offset)?
+            else {
+                return Ok(None);
+            };
+            let heads = |y: &Array, n: &RmsNorm| -> Result<Array> {
+                rope.forward(&n.forward(y)?.transpose(&[0, 2, 1, 3])?, offset)
+            };
+            let want = [
+                heads(&q, &qn)?,
+                heads(&k, &kn)?,
+                v.transpose(&[0, 2, 1, 3])?,
+            ];
+            for (got, want) in [qo, ko, vo].iter().zip(&want) {
+                let (g, w) = (got.as_type(Dtype::Float32)?, want.as_type(Dtype::Float32)?);
+                let (g, w) = (g.to_vec::<f32>()?, w.to_vec::<f32>()?);
+                let range = w.iter().fold(0.0f32, |a, x| a.max(x.abs()));
+                let diff = g
+                    .iter()
+                    .zip(&w)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0f32, f32::max);
+                let rel = if g.len() == w.len() && diff.is_finite() {
+                    diff / range
+                } else {
+                    f32::INFINITY
+                };
+                worst[slot].1 = worst[slot].1.max(rel);
+            }
+        }
+    }
+    Ok(Some(worst))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RopeScaling;
+
+    /// On a machine without CUDA the ops path is always taken.
+    #[test]
+    fn cpu_takes_the_ops_path() {
+        set_fused_heads(true);
+        let x = mlx_tensor::ops::zeros(&[1, 3, 4, 64], Dtype::Float32).unwrap();
+        let kv = mlx_tensor::ops::zeros(&[1, 3, 2, 64], Dtype::Float32).unwrap();
+        let rope = Rope::new(64, 10_000.0, &RopeScaling::None).unwrap();
+        assert!(
+            prepare(&x, &kv, &kv, (None, None), &rope, 5)
+                .unwrap()
+                .is_none()
+        );
+    }
+}
