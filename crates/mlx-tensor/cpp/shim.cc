@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include "mlx/primitives.h"
 #include <optional>
 #include <stdexcept>
@@ -367,6 +368,31 @@ ArrPtr sdpa_masked(const Arr& q, const Arr& k, const Arr& v, float scale, const 
   return wrap(mx::fast::scaled_dot_product_attention(q.a, k.a, v.a, scale, "array", mask.a));
 }
 
+// MLX's kernel object for one (name, source, input and output names, row_contiguous), made once per
+// process. Making it scans the source for every input's shape, strides and ndim names and copies
+// the source: tens of microseconds, which a decode step paid for each of its dozens of kernel calls
+// (their graph building doubled at the 8B shape). The object itself holds no arrays.
+static const mx::fast::CustomKernelFunction& cached_cuda_kernel(rust::Str name, rust::Str source,
+                                                                 const std::vector<std::string>& in_names,
+                                                                 const std::vector<std::string>& out_names,
+                                                                 bool row_contiguous) {
+  static std::mutex lock;
+  static std::unordered_map<std::string, std::unique_ptr<mx::fast::CustomKernelFunction>> made;
+  std::string key(name);
+  key.push_back('\0');
+  key.append(source.data(), source.size());
+  for (const auto& n : in_names) key.append(1, '\0').append(1, 'i').append(n);
+  for (const auto& n : out_names) key.append(1, '\0').append(1, 'o').append(n);
+  key.push_back(row_contiguous ? 'r' : 's');
+  std::lock_guard<std::mutex> guard(lock);
+  auto& slot = made[key];
+  if (!slot) {
+    slot = std::make_unique<mx::fast::CustomKernelFunction>(
+        mx::fast::cuda_kernel(std::string(name), in_names, out_names, std::string(source), "", row_contiguous, 0));
+  }
+  return *slot;
+}
+
 std::unique_ptr<ArrList> cuda_kernel(rust::Str name, rust::Str source, rust::Slice<const rust::String> input_names,
                                      const ArrList& inputs, rust::Slice<const rust::String> output_names,
                                      rust::Slice<const int32_t> out_dims, rust::Slice<const int32_t> out_ranks,
@@ -396,7 +422,7 @@ std::unique_ptr<ArrList> cuda_kernel(rust::Str name, rust::Str source, rust::Sli
   std::vector<std::pair<std::string, mx::fast::TemplateArg>> tmpl;
   for (size_t i = 0; i < tmpl_names.size(); ++i)
     tmpl.emplace_back(std::string(tmpl_names[i]), mx::fast::TemplateArg(int(tmpl_values[i])));
-  auto kernel = mx::fast::cuda_kernel(std::string(name), in_names, out_names, std::string(source), "", row_contiguous, 0);
+  auto& kernel = cached_cuda_kernel(name, source, in_names, out_names, row_contiguous);
   auto outs = kernel(inputs.items, shapes, dtypes, {grid[0], grid[1], grid[2]}, {block[0], block[1], block[2]}, tmpl,
                      std::nullopt, false, {});
   auto list = std::make_unique<ArrList>();
