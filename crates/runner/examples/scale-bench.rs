@@ -10,6 +10,10 @@
 //! where training documents start) then the text's tokens, the ids
 //! `mlx_lm_scale.py` uses too. One JSON line per result, `"bench":"spec-scale"`:
 //! * `kind: "load"`: `load_s`, `weight_bytes` (MLX active memory the weights hold).
+//! * `kind: "heads-unit"` (CUDA only, first): the fused heads kernel
+//!   (`models/heads_kernel.rs`) against the ops path on random inputs,
+//!   `f32_rel_err` and `bf16_rel_err` (worst difference ÷ output range); the
+//!   run stops past [`HEADS_F32_TOLERANCE`] or [`HEADS_BF16_TOLERANCE`].
 //! * `kind: "host"`: the host cost of a plain step (`examples/support/host.rs`).
 //! * `kind: "decode"`, per (method, depth): `tokens_per_s` = tokens after each
 //!   run's first ÷ total decode time, over all prompts; `step_ms` (decode time per
@@ -373,10 +377,9 @@ fn main() -> Res<()> {
     // computes is timed (only where it runs: CUDA).
     if let Some(worst) = runner::fused_heads_check()? {
         let [(_, f32_err), (_, bf16_err)] = worst;
-        println!(
-            "{}",
-            row(json!({"kind": "heads-unit", "f32_rel_err": f32_err, "bf16_rel_err": bf16_err}))
-        );
+        emit(&row(
+            json!({"kind": "heads-unit", "f32_rel_err": f32_err, "bf16_rel_err": bf16_err}),
+        ))?;
         if f32_err > HEADS_F32_TOLERANCE || bf16_err > HEADS_BF16_TOLERANCE {
             return Err(format!(
                 "the fused heads kernel differs from the ops path: f32 {f32_err:.2e} (> {HEADS_F32_TOLERANCE:e}) \

@@ -11,7 +11,7 @@
 //! more rows it also costs device time: the norms cannot read a slice of the
 //! fused q/k/v product in place, so MLX copies q and k first. A kernel trace
 //! of an 8B verify of 5 rows (`docs/gpu.md`, session 15) put those norms,
-//! copies and RoPEs at 32 of a layer's 172 µs, against 15 of 130 µs for a
+//! copies and RoPEs at 32 of a layer's 172 µs, against 18 of 130 µs for a
 //! one-row step. The kernel reads q, k, v through their strides.
 //!
 //! Numerics follow MLX's kernels: the norm's `x · rsqrt(mean(x²) + eps)` is
@@ -22,9 +22,20 @@
 //! same code whatever the row count, so a verify row equals the plain step's
 //! bit for bit, which greedy parity needs.
 //!
-//! Taken on CUDA for bf16, f16 and f32 heads of width 32–256 (a multiple of
-//! 32) with RoPE over the whole head and no YaRN attention scale; anything
-//! else takes the ops path. `MTP_FUSED_HEADS=0` turns it off.
+//! Taken on CUDA for 2–16 rows of bf16, f16 and f32 heads of width 32–256 (a
+//! multiple of 32) with RoPE over the whole head and no YaRN attention scale;
+//! anything else takes the ops path. `MTP_FUSED_HEADS=0` turns it off.
+//!
+//! Why not one row or a prefill chunk: measured on an H200 in bf16 with the
+//! kernel for every row count (alternating processes, `docs/gpu.md` session
+//! 15), one-row steps got slower (plain 8b 152 / 181 against 179 / 186
+//! tokens/s, 1.7b 231 / 225 against 238 / 236: a custom kernel costs MLX more
+//! host time to encode than the seven cheap nodes it replaces, and a single
+//! row needs no copies), and the first prefill of a new length got dearer (a
+//! 600-token prompt after a 1,000-token one: 136–584 against 70 ms at 8b,
+//! 140 against 63–66 at 1.7b; not explained). Verify rounds gained: depth 4
+//! at 8b 284 / 283 against 248 / 266, at 1.7b 348 / 367 against 343 / 324,
+//! tiny 989 against 833 tokens/s.
 
 use std::cell::Cell;
 
@@ -140,6 +151,11 @@ const SOURCE: &str = r#"
   }
 "#;
 
+/// The row counts the kernel takes: a verify's `k + 1` rows and the MTP
+/// head's flushes, as the short-query attention kernels (see the module's
+/// measurements for why not one row or a prefill chunk).
+const MAX_ROWS: i32 = crate::models::short_sdpa::MAX_ROWS;
+
 thread_local! {
     /// `MTP_FUSED_HEADS=0` turns the kernel off (default on, on CUDA).
     static ENABLED: crate::switch::Flag = const { Cell::new(None) };
@@ -190,7 +206,8 @@ pub(crate) fn prepare(
     };
     let d = q.dim(-1);
     let rank4 = |a: &Array| a.ndim() == 4 && a.dim(0) == 1 && a.dim(-1) == d && a.dtype() == dtype;
-    let fits = rank4(q)
+    let fits = (2..=MAX_ROWS).contains(&q.dim(1))
+        && rank4(q)
         && rank4(k)
         && rank4(v)
         && k.dim(1) == q.dim(1)
@@ -253,7 +270,7 @@ pub(crate) fn prepare(
 /// The kernel against the ops path on this device: random q/k/v sliced from
 /// one fused projection (so strided, as in a model), q/k norms with random
 /// weights, RoPE at offset 1,000 plain and with a period table, over head
-/// widths 32, 64, 128 and 1, 5 and 37 rows. Returns the worst
+/// widths 32, 64, 128 and 2 to 16 rows. Returns the worst
 /// `max |kernel − ops| ÷ max |ops|` per dtype (f32, then bf16), or `None`
 /// where the kernel does not run (no CUDA).
 pub fn self_check() -> Result<Option<[(Dtype, f32); 2]>> {
