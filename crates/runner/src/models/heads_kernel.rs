@@ -22,8 +22,10 @@
 //! same code whatever the row count, so a verify row equals the plain step's
 //! bit for bit, which greedy parity needs.
 //!
-//! Taken on CUDA for 2–16 rows of bf16, f16 and f32 heads of width 32–256 (a
-//! multiple of 32) with RoPE over the whole head and no YaRN attention scale;
+//! Taken on CUDA for 2–16 rows of bf16, f16 and f32 heads of width 32 or a
+//! multiple of 64 up to 256 (a lane then holds both features of each RoPE
+//! pair, or at 32 its partner lane does) with RoPE over the whole head and no
+//! YaRN attention scale;
 //! anything else takes the ops path. `MTP_FUSED_HEADS=0` turns it off.
 //!
 //! Why not one row or a prefill chunk: measured on an H200 in bf16 with the
@@ -167,6 +169,14 @@ pub fn set_fused_heads(on: bool) {
     crate::switch::set(&ENABLED, on);
 }
 
+/// Whether the kernel computes `rows` rows of heads `d` wide: a lane holds
+/// features `t + 32e`, so both features of every RoPE pair (`i`, `i + d/2`)
+/// are in one lane when `d` is a multiple of 64, and in partner lanes `t`,
+/// `t + 16` when `d` is 32; any other width would pair the wrong features.
+fn takes(rows: i32, d: i32) -> bool {
+    (2..=MAX_ROWS).contains(&rows) && (d == 32 || (d % 64 == 0 && (64..=256).contains(&d)))
+}
+
 /// The template code of a dtype the kernel computes in.
 fn dtype_code(d: Dtype) -> Option<i32> {
     match d {
@@ -206,15 +216,13 @@ pub(crate) fn prepare(
     };
     let d = q.dim(-1);
     let rank4 = |a: &Array| a.ndim() == 4 && a.dim(0) == 1 && a.dim(-1) == d && a.dtype() == dtype;
-    let fits = (2..=MAX_ROWS).contains(&q.dim(1))
+    let fits = takes(q.dim(1), d)
         && rank4(q)
         && rank4(k)
         && rank4(v)
         && k.dim(1) == q.dim(1)
         && v.dim(1) == q.dim(1)
         && k.dim(2) == v.dim(2)
-        && d % 32 == 0
-        && (32..=256).contains(&d)
         && rope.whole_head(d)
         && i32::try_from(offset + q.dim(1) as usize).is_ok();
     if !fits
@@ -353,6 +361,20 @@ pub fn self_check() -> Result<Option<[(Dtype, f32); 2]>> {
 mod tests {
     use super::*;
     use crate::config::RopeScaling;
+
+    /// The widths and row counts the kernel is given: 32 and multiples of 64
+    /// up to 256 (96 or 160 would pair the wrong RoPE features), 2–16 rows.
+    #[test]
+    fn takes_only_the_widths_and_rows_it_computes() {
+        for d in [32, 64, 128, 192, 256] {
+            assert!(takes(5, d), "width {d}");
+        }
+        for d in [16, 48, 96, 160, 224, 320, 0] {
+            assert!(!takes(5, d), "width {d}");
+        }
+        assert!(takes(2, 64) && takes(MAX_ROWS, 64));
+        assert!(!takes(1, 64) && !takes(MAX_ROWS + 1, 64) && !takes(0, 64));
+    }
 
     /// On a machine without CUDA the ops path is always taken.
     #[test]
