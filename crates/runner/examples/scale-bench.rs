@@ -375,8 +375,7 @@ fn main() -> Res<()> {
 
     // The fused heads kernel against the ops path, before anything it
     // computes is timed (only where it runs: CUDA).
-    if let Some(worst) = runner::fused_heads_check()? {
-        let [(_, f32_err), (_, bf16_err)] = worst;
+    if let Some((f32_err, bf16_err)) = runner::fused_heads_check()? {
         emit(&row(
             json!({"kind": "heads-unit", "f32_rel_err": f32_err, "bf16_rel_err": bf16_err}),
         ))?;

@@ -58,22 +58,8 @@ impl AttentionCore {
     ) -> Result<Array> {
         let l = q.dim(1);
         let offset = cache.offset();
-        let heads_first = |y: &Array, norm: &Option<RmsNorm>| -> Result<Array> {
-            let y = match norm {
-                Some(n) => n.forward(y)?,
-                None => y.clone(),
-            };
-            Ok(y.transpose(&[0, 2, 1, 3])?)
-        };
         let norms = (self.q_norm.as_ref(), self.k_norm.as_ref());
-        let (q, k, v) = match heads_kernel::prepare(q, k, v, norms, rope, offset)? {
-            Some(heads) => heads,
-            None => (
-                rope.forward(&heads_first(q, &self.q_norm)?, offset)?,
-                rope.forward(&heads_first(k, &self.k_norm)?, offset)?,
-                heads_first(v, &None)?,
-            ),
-        };
+        let (q, k, v) = heads_kernel::heads(q, k, v, norms, rope, offset)?;
         // The cache picks the mask (before the update): causal aligned at the end for
         // L > 1, so a chunk at offset > 0 sees the whole prefix; none for one query.
         let mask = cache.make_mask(l as usize)?;

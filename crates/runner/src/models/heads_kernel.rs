@@ -200,9 +200,48 @@ fn norm_weight(n: Option<&RmsNorm>, dtype: Dtype) -> Option<Option<(&Array, f32)
 }
 
 /// The heads-first `(q, k, v)` `[1, H, L, D]` of `q` `[1, L, Hq, D]`, `k`, `v`
-/// `[1, L, Hkv, D]` (any strides) after the norms and RoPE at `offset`, when
-/// the kernel takes them on this backend; `None` for the ops path.
-pub(crate) fn prepare(
+/// `[1, L, Hkv, D]` (any strides) after the q/k norms and RoPE at `offset`:
+/// through the kernel where it takes them, else through MLX's ops.
+pub(crate) fn heads(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    norms: (Option<&RmsNorm>, Option<&RmsNorm>),
+    rope: &Rope,
+    offset: usize,
+) -> Result<(Array, Array, Array)> {
+    match kernel(q, k, v, norms, rope, offset)? {
+        Some(heads) => Ok(heads),
+        None => by_ops(q, k, v, norms, rope, offset),
+    }
+}
+
+/// [`heads`] through MLX's ops: each norm, the transpose, RoPE.
+fn by_ops(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    norms: (Option<&RmsNorm>, Option<&RmsNorm>),
+    rope: &Rope,
+    offset: usize,
+) -> Result<(Array, Array, Array)> {
+    let first = |y: &Array, norm: Option<&RmsNorm>| -> Result<Array> {
+        let y = match norm {
+            Some(n) => n.forward(y)?,
+            None => y.clone(),
+        };
+        Ok(y.transpose(&[0, 2, 1, 3])?)
+    };
+    Ok((
+        rope.forward(&first(q, norms.0)?, offset)?,
+        rope.forward(&first(k, norms.1)?, offset)?,
+        first(v, None)?,
+    ))
+}
+
+/// [`heads`] through the kernel when it takes them on this backend; `None`
+/// for the ops path.
+fn kernel(
     q: &Array,
     k: &Array,
     v: &Array,
@@ -281,7 +320,7 @@ pub(crate) fn prepare(
 /// widths 32, 64, 128 and 2 to 16 rows. Returns the worst
 /// `max |kernel − ops| ÷ max |ops|` per dtype (f32, then bf16), or `None`
 /// where the kernel does not run (no CUDA).
-pub fn self_check() -> Result<Option<[(Dtype, f32); 2]>> {
+pub fn self_check() -> Result<Option<(f32, f32)>> {
     use mlx_tensor::random;
     let rand = |shape: &[i32], seed: u64| -> Result<Array> {
         Ok(random::normal(shape, Dtype::Float32, &random::key(seed)?)?)
@@ -289,7 +328,7 @@ pub fn self_check() -> Result<Option<[(Dtype, f32); 2]>> {
     if !crate::models::sdpa::on_cuda() {
         return Ok(None);
     }
-    let mut worst = [(Dtype::Float32, 0.0f32), (Dtype::Bfloat16, 0.0f32)];
+    let mut worst = [0.0f32; 2];
     for (dtype, slot) in [(Dtype::Float32, 0), (Dtype::Bfloat16, 1)] {
         for (d, l, scaled) in [
             (64, 1, false),
@@ -324,18 +363,12 @@ pub fn self_check() -> Result<Option<[(Dtype, f32); 2]>> {
             };
             let rope = Rope::new(d as usize, 1_000_000.0, &scaling)?;
             let offset = 1000;
-            let Some((qo, ko, vo)) = prepare(&q, &k, &v, (Some(&qn), Some(&kn)), &rope, offset)?
-            else {
+            let norms = (Some(&qn), Some(&kn));
+            let Some((qo, ko, vo)) = kernel(&q, &k, &v, norms, &rope, offset)? else {
                 return Ok(None);
             };
-            let heads = |y: &Array, n: &RmsNorm| -> Result<Array> {
-                rope.forward(&n.forward(y)?.transpose(&[0, 2, 1, 3])?, offset)
-            };
-            let want = [
-                heads(&q, &qn)?,
-                heads(&k, &kn)?,
-                v.transpose(&[0, 2, 1, 3])?,
-            ];
+            let (wq, wk, wv) = by_ops(&q, &k, &v, norms, &rope, offset)?;
+            let want = [wq, wk, wv];
             for (got, want) in [qo, ko, vo].iter().zip(&want) {
                 let (g, w) = (got.as_type(Dtype::Float32)?, want.as_type(Dtype::Float32)?);
                 let (g, w) = (g.to_vec::<f32>()?, w.to_vec::<f32>()?);
@@ -350,11 +383,11 @@ pub fn self_check() -> Result<Option<[(Dtype, f32); 2]>> {
                 } else {
                     f32::INFINITY
                 };
-                worst[slot].1 = worst[slot].1.max(rel);
+                worst[slot] = worst[slot].max(rel);
             }
         }
     }
-    Ok(Some(worst))
+    Ok(Some((worst[0], worst[1])))
 }
 
 #[cfg(test)]
@@ -376,17 +409,29 @@ mod tests {
         assert!(!takes(1, 64) && !takes(MAX_ROWS + 1, 64) && !takes(0, 64));
     }
 
-    /// On a machine without CUDA the ops path is always taken.
+    /// On a machine without CUDA the ops path is always taken, and [`heads`]
+    /// gives its result: heads-first, normed and rotated.
     #[test]
     fn cpu_takes_the_ops_path() {
+        use crate::models::test_arrays::{max_diff, rand};
         set_fused_heads(true);
-        let x = mlx_tensor::ops::zeros(&[1, 3, 4, 64], Dtype::Float32).unwrap();
-        let kv = mlx_tensor::ops::zeros(&[1, 3, 2, 64], Dtype::Float32).unwrap();
+        let (q, kv) = (rand(&[1, 3, 4, 64], 1), rand(&[1, 3, 2, 64], 2));
         let rope = Rope::new(64, 10_000.0, &RopeScaling::None).unwrap();
-        assert!(
-            prepare(&x, &kv, &kv, (None, None), &rope, 5)
-                .unwrap()
-                .is_none()
+        let norm = RmsNorm::from_parts(rand(&[64], 3), 1e-6);
+        let norms = (Some(&norm), None);
+        assert!(kernel(&q, &kv, &kv, norms, &rope, 5).unwrap().is_none());
+        let (hq, hk, hv) = heads(&q, &kv, &kv, norms, &rope, 5).unwrap();
+        assert_eq!(hq.shape().to_vec(), vec![1, 4, 3, 64]);
+        assert_eq!(hk.shape().to_vec(), vec![1, 2, 3, 64]);
+        let want_q = rope.forward(
+            &norm.forward(&q).unwrap().transpose(&[0, 2, 1, 3]).unwrap(),
+            5,
         );
+        assert_eq!(max_diff(&hq, &want_q.unwrap()), 0.0);
+        let want_k = rope
+            .forward(&kv.transpose(&[0, 2, 1, 3]).unwrap(), 5)
+            .unwrap();
+        assert_eq!(max_diff(&hk, &want_k), 0.0);
+        assert_eq!(max_diff(&hv, &kv.transpose(&[0, 2, 1, 3]).unwrap()), 0.0);
     }
 }
