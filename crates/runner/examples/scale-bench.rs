@@ -14,7 +14,8 @@
 //!   (`models/heads_kernel.rs`) against the ops path on random inputs,
 //!   `f32_rel_err` and `bf16_rel_err` (worst difference ÷ output range); the
 //!   run stops past [`HEADS_F32_TOLERANCE`] or [`HEADS_BF16_TOLERANCE`].
-//! * `kind: "host"`: the host cost of a plain step (`examples/support/host.rs`).
+//! * `kind: "host"`: the host cost of a plain step, and of synced forwards of 1, 2
+//!   and 5 rows phase by phase (`examples/support/host.rs`).
 //! * `kind: "decode"`, per (method, depth): `tokens_per_s` = tokens after each
 //!   run's first ÷ total decode time, over all prompts; `step_ms` (decode time per
 //!   token); `mean_accepted_length`, `acceptance_rate`, `per_position_acceptance`,
@@ -61,15 +62,17 @@ mod host;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// Environment switches of ours and of MLX's CUDA backend that change what a
-/// run measures (docs/gpu.md names each).
 /// Largest difference of the fused heads kernel from the ops path, relative
 /// to the output's range, in f32 (only the norm's sum order differs) and in
 /// bf16 (that order can move a rounding by one unit, 2^-8 of a value).
 const HEADS_F32_TOLERANCE: f32 = 1e-4;
 const HEADS_BF16_TOLERANCE: f32 = 2e-2;
 
+/// Environment switches of ours and of MLX's CUDA backend that change what a
+/// run measures (docs/gpu.md names each).
 const SWITCHES: &[&str] = &[
+    "MTP_LAYER_DISPATCH",
+    "MTP_LAYER_DISPATCH_EVERY",
     "MTP_DELTA_KERNEL",
     "MTP_EARLY_DRAFT_DISPATCH",
     "MTP_ROWS_KERNEL",

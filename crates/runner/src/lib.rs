@@ -109,6 +109,10 @@ pub use generate::{FinishReason, GenerateOptions, Generation};
 pub use load::{LoadOptions, LoadedModel, ModelInfo, inspect, load};
 pub use models::Model;
 pub use models::delta_kernel::set_delta_kernel;
+pub use models::dispatch::{
+    DEFAULT_LAYER_DISPATCH_EVERY, layer_dispatch, layer_dispatches, set_layer_dispatch,
+    set_layer_dispatch_every,
+};
 pub use models::heads_kernel::{self_check as fused_heads_check, set_fused_heads};
 pub use models::layers::LinearLayout;
 pub use models::sdpa::{

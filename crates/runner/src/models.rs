@@ -3,6 +3,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod delta_kernel;
+pub(crate) mod dispatch;
 pub(crate) mod gated_attention;
 pub(crate) mod gated_delta;
 pub(crate) mod glm4_moe;

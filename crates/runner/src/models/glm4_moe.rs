@@ -17,6 +17,7 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::models::Model;
 use crate::models::attention::AttentionCore;
+use crate::models::dispatch;
 use crate::models::layers::{
     Linear, LinearLayout, RmsNorm, embedding, linear, pre_norm_block, rms_norm,
 };
@@ -276,8 +277,10 @@ impl Glm4Moe {
 impl Model for Glm4Moe {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array> {
         let mut x = self.ends.embed(tokens, caches.len(), self.layers.len())?;
-        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+        let n = self.layers.len();
+        for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
             x = layer.forward(&x, cache.as_mut(), &self.rope)?;
+            dispatch::after_layer(&x, i + 1, n)?;
         }
         self.ends.finish(&x)
     }

@@ -7,6 +7,7 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::models::Model;
 use crate::models::attention::AttentionCore;
+use crate::models::dispatch;
 use crate::models::layers::{
     FusedLinear, Linear, LinearLayout, Mlp, RmsNorm, embedding, linear, pre_norm_block,
     quantized_or_same, rms_norm,
@@ -467,8 +468,10 @@ impl Llama {
 impl Model for Llama {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array> {
         let mut x = self.ends.embed(tokens, caches.len(), self.layers.len())?;
-        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+        let n = self.layers.len();
+        for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
             x = layer.forward(&x, cache.as_mut(), &self.rope)?;
+            dispatch::after_layer(&x, i + 1, n)?;
         }
         self.ends.finish(&x)
     }

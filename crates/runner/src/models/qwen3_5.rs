@@ -11,6 +11,7 @@ use mlx_tensor::Array;
 use crate::config::{HybridConfig, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::models::Model;
+use crate::models::dispatch;
 use crate::models::gated_attention::{GatedLayer, load_norm};
 use crate::models::gated_delta::{GatedDeltaNet, InProj};
 use crate::models::layers::{LinearLayout, RmsNorm, embedding, pre_norm_block};
@@ -236,7 +237,8 @@ impl Qwen35 {
 impl Model for Qwen35 {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array> {
         let mut x = self.ends.embed(tokens, caches.len(), self.layers.len())?;
-        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+        let n = self.layers.len();
+        for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
             x = match layer {
                 Layer::Full(b) => b.forward(&x, cache.as_mut(), &self.rope)?,
                 Layer::Linear(b) => pre_norm_block(
@@ -247,6 +249,7 @@ impl Model for Qwen35 {
                     |h| b.mlp.forward(h),
                 )?,
             };
+            dispatch::after_layer(&x, i + 1, n)?;
         }
         self.ends.finish(&x)
     }

@@ -12,6 +12,7 @@ use mlx_tensor::Array;
 use crate::config::{HybridConfig, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::models::Model;
+use crate::models::dispatch;
 use crate::models::gated_attention::{GatedAttention, load_norm};
 use crate::models::gated_delta::{GatedDeltaNet, InProj};
 use crate::models::layers::{LinearLayout, RmsNorm, embedding, pre_norm_block};
@@ -230,8 +231,10 @@ impl Qwen3Next {
 impl Model for Qwen3Next {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array> {
         let mut x = self.ends.embed(tokens, caches.len(), self.layers.len())?;
-        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+        let n = self.layers.len();
+        for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
             x = layer.forward(&x, cache.as_mut(), &self.rope)?;
+            dispatch::after_layer(&x, i + 1, n)?;
         }
         self.ends.finish(&x)
     }

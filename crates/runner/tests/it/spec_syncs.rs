@@ -1,5 +1,6 @@
 //! A speculative round syncs with the device exactly once: the extra blocking
-//! evaluations of a longer generation equal its extra rounds.
+//! evaluations of a longer generation equal its extra rounds; with layer-group
+//! dispatch forced on too, and with the same output.
 
 use crate::common::Generate;
 use std::path::PathBuf;
@@ -13,7 +14,52 @@ fn bundled() -> PathBuf {
 
 #[test]
 fn one_host_sync_per_round() {
-    let m = runner::load(&bundled(), LoadOptions::default(), |_, _| {}).unwrap();
+    for dispatch in [false, true] {
+        runner::set_layer_dispatch(dispatch);
+        let before = runner::layer_dispatches();
+        one_sync_per_round(&bundled());
+        let made = runner::layer_dispatches() - before;
+        runner::set_layer_dispatch(false);
+        assert_eq!(made > 0, dispatch, "dispatch {dispatch}: {made} dispatches");
+    }
+}
+
+/// Layer-group dispatch (`runner::set_layer_dispatch`, on by default only on
+/// CUDA) changes when the device starts, never what it computes: f32 greedy
+/// output, and the drafts accepted at each position, equal the output
+/// without it, for a dense, a hybrid and a mixture-of-experts model.
+#[test]
+fn layer_dispatch_keeps_the_output() {
+    for name in ["tiny-mtp", "tiny-hybrid-mtp", "tiny-moe-mtp"] {
+        let dir = bundled().with_file_name(name);
+        let m = runner::load(&dir, LoadOptions::default(), |_, _| {}).unwrap();
+        let prompt = m.tokenizer.encode("def fibonacci(n):\n", true).unwrap();
+        let opts = GenerateOptions {
+            max_tokens: 40,
+            sampling: SamplingOptions::greedy(),
+            depth: DepthPolicy::Fixed(4),
+            ..GenerateOptions::default()
+        };
+        let run = |on: bool| {
+            runner::set_layer_dispatch(on);
+            let mut s = Session::with_mtp(m.model.as_ref()).unwrap();
+            let g = s.run(&m.tokenizer, &prompt, &opts).unwrap();
+            runner::set_layer_dispatch(false);
+            let accepted = g.speculation.expect("speculative session").accepted_at;
+            (g.token_ids, accepted)
+        };
+        let want = run(false);
+        // Groups of one layer: a dispatch after every layer but the last.
+        runner::set_layer_dispatch_every(1);
+        let got = run(true);
+        runner::set_layer_dispatch_every(runner::DEFAULT_LAYER_DISPATCH_EVERY);
+        assert_eq!(got, want, "{name}: output with layer dispatch differs");
+        assert!(want.1.iter().sum::<usize>() > 0, "{name}: nothing accepted");
+    }
+}
+
+fn one_sync_per_round(model: &std::path::Path) {
+    let m = runner::load(model, LoadOptions::default(), |_, _| {}).unwrap();
     let prompt = m.tokenizer.encode("def fibonacci(n):\n", true).unwrap();
     // (blocking evaluations, rounds) of one greedy generation of `n` tokens.
     let run = |n: usize, depth: DepthPolicy| {

@@ -297,8 +297,12 @@ impl DraftHead for MtpHead {
         hiddens: &Array,
         position: usize,
     ) -> mtp_draft::Result<HeadOutput> {
-        self.forward_rows(tokens, hiddens, position)
-            .map_err(|e| mtp_draft::Error::Head(Box::new(e)))
+        let mut run = || -> Result<HeadOutput> {
+            let out = self.forward_rows(tokens, hiddens, position)?;
+            crate::models::dispatch::after_draft_step(&out.out, &out.hidden)?;
+            Ok(out)
+        };
+        run().map_err(|e| mtp_draft::Error::Head(Box::new(e)))
     }
 
     fn unembed(&mut self, out: &Array) -> mtp_draft::Result<Array> {
