@@ -12,10 +12,16 @@
 //! builds the next ones. Values are unchanged: an `async_eval` evaluates the
 //! same graph, and the round's one host sync stays the read at its end.
 //!
-//! On by default on CUDA only (`MTP_LAYER_DISPATCH=0` turns it off,
-//! `MTP_LAYER_DISPATCH=1` forces it elsewhere, for tests). On a CPU the
-//! device is the host's own cores, so nothing idles while the graph is
-//! built. `MTP_LAYER_DISPATCH_EVERY=N` sets the group size (default
+//! Off by default, kept for measurement (`MTP_LAYER_DISPATCH=1` turns it
+//! on): it did not pay. On an H200 (c432a36, bf16, alternating processes,
+//! docs/gpu.md session 16) a depth-4 round cost the same with it as
+//! without (8b 12.98 against 13.21 ms, 1.7b 10.08 against 10.14; groups of
+//! two 12.63 and 11.88): the time only moved from the round's final wait
+//! into the build, because MLX encodes a dispatched group on the calling
+//! thread, so the host's building and encoding stay one serial path, and
+//! that path, not an idle device, bounds the round. On a CPU the device is
+//! the host's own cores (tiny-mtp f32 depth 4: 34.8 ms a round both ways).
+//! `MTP_LAYER_DISPATCH_EVERY=N` sets the group size (default
 //! [`DEFAULT_LAYER_DISPATCH_EVERY`]).
 
 use std::cell::Cell;
@@ -59,7 +65,7 @@ pub fn set_layer_dispatch_every(layers: usize) {
 
 /// Whether this thread dispatches multi-row forwards in layer groups.
 pub fn layer_dispatch() -> bool {
-    crate::switch::get(&ON, "MTP_LAYER_DISPATCH", super::sdpa::on_cuda())
+    crate::switch::get(&ON, "MTP_LAYER_DISPATCH", false)
 }
 
 /// Layers per group: `MTP_LAYER_DISPATCH_EVERY` when it is a positive

@@ -126,6 +126,49 @@ thread_local! {
     /// `MTP_ROWS_KERNEL_ONE=1` also gives it one-row products (the plain
     /// step's GEMVs), for measurement against MLX's own GEMV.
     static ONE_ROW: crate::switch::Flag = const { Cell::new(None) };
+    /// The largest weight (bytes) the kernel takes: `Some(None)` is no cap.
+    static MAX_BYTES: Cell<Option<Option<u64>>> = const { Cell::new(None) };
+}
+
+/// Caps, on this thread, the weights the few-rows kernel takes at `mib`
+/// MiB (`None`: no cap), over `MTP_ROWS_KERNEL_MAX_MIB`. A product over a
+/// small weight is bound by the host's cost of encoding it (cuBLASLt's
+/// descriptors and heuristic, about 20 µs a call on an H200 against a few
+/// for a custom kernel), a product over a large one by the device's read of
+/// the weight, where cuBLAS reads faster than this kernel.
+pub fn set_rows_kernel_max_mib(mib: Option<u64>) {
+    MAX_BYTES.with(|c| c.set(Some(mib.map(|m| m << 20))));
+}
+
+/// The cap in bytes on this thread: what [`set_rows_kernel_max_mib`]
+/// stored, else `MTP_ROWS_KERNEL_MAX_MIB` (a whole number of MiB; anything
+/// else keeps no cap, with a warning).
+fn max_bytes() -> Option<u64> {
+    MAX_BYTES.with(|c| {
+        if let Some(cap) = c.get() {
+            return cap;
+        }
+        let raw = std::env::var("MTP_ROWS_KERNEL_MAX_MIB").ok();
+        let cap = parse_max_mib(raw.as_deref()).unwrap_or_else(|| {
+            tracing::warn!(
+                variable = "MTP_ROWS_KERNEL_MAX_MIB",
+                value = raw.as_deref().unwrap_or_default(),
+                "not a whole number of MiB: the rows kernel takes weights of any size"
+            );
+            None
+        });
+        c.set(Some(cap));
+        cap
+    })
+}
+
+/// The cap from its variable: unset is no cap, a whole number of MiB that
+/// many bytes; `None` for anything else (the caller warns).
+fn parse_max_mib(raw: Option<&str>) -> Option<Option<u64>> {
+    match raw {
+        None => Some(None),
+        Some(s) => s.trim().parse::<u64>().ok().map(|m| Some(m << 20)),
+    }
 }
 
 /// Turns the few-rows CUDA kernel on or off for this thread's later forwards
@@ -152,7 +195,15 @@ fn enabled(rows: i32) -> bool {
 /// Whether `rows` rows of `x: [rows, k]` times a weight of `n` output
 /// features, in `dtype`, go to the kernel on this backend.
 pub(crate) fn applies(rows: i32, n: i32, k: i32, dtype: Dtype) -> bool {
-    fits(rows, n, k, dtype) && crate::models::sdpa::on_cuda() && enabled(rows)
+    fits(rows, n, k, dtype)
+        && crate::models::sdpa::on_cuda()
+        && enabled(rows)
+        && under_cap(n, k, max_bytes())
+}
+
+/// Whether an `[n, k]` bf16 weight is within the cap (`None`: no cap).
+fn under_cap(n: i32, k: i32, cap: Option<u64>) -> bool {
+    cap.is_none_or(|cap| n as u64 * k as u64 * 2 <= cap)
 }
 
 /// The shapes and dtype the kernel computes (see [`SOURCE`]).
@@ -212,5 +263,20 @@ mod tests {
         assert!(!fits(4, 4096, 4112, Dtype::Bfloat16));
         assert!(!fits(4, 4096, 4096, Dtype::Float32));
         assert!(!fits(4, 4096, 4096, Dtype::Float16));
+    }
+
+    /// The weight-size cap: its variable in MiB, and the bytes it admits.
+    #[test]
+    fn the_cap_admits_weights_up_to_its_size() {
+        assert_eq!(parse_max_mib(None), Some(None));
+        assert_eq!(parse_max_mib(Some("64")), Some(Some(64 << 20)));
+        assert_eq!(parse_max_mib(Some(" 0 ")), Some(Some(0)));
+        assert_eq!(parse_max_mib(Some("big")), None);
+        assert_eq!(parse_max_mib(Some("-1")), None);
+        assert!(under_cap(151_936, 4096, None));
+        // 8192 × 4096 bf16 is exactly 64 MiB.
+        assert!(under_cap(8192, 4096, Some(64 << 20)));
+        assert!(!under_cap(8208, 4096, Some(64 << 20)));
+        assert!(!under_cap(16, 32, Some(0)));
     }
 }
