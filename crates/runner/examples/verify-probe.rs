@@ -26,7 +26,7 @@ use mlx_tensor::{Array, Dtype};
 use runner::testing::{Arch, Fixture, write_checkpoint};
 use runner::{
     AttentionPath, LoadOptions, Model, set_attention_path, set_delta_kernel, set_rows_kernel,
-    set_rows_kernel_one_row,
+    set_rows_kernel_max_mib, set_rows_kernel_one_row,
 };
 use serde_json::json;
 
@@ -57,10 +57,12 @@ fn shape(name: &str) -> Option<Fixture> {
     })
 }
 
-/// The few-rows kernel on or off for every row count it takes (one row included).
+/// The few-rows kernel on or off for every row count and weight it takes
+/// (one row and weights over the default cap included).
 fn rows_kernel(on: bool) {
     set_rows_kernel(on);
     set_rows_kernel_one_row(on);
+    set_rows_kernel_max_mib(None);
 }
 
 /// Milliseconds of one evaluated forward of `ids` at the caches' offset.

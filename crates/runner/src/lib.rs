@@ -118,7 +118,10 @@ pub use models::layers::LinearLayout;
 pub use models::sdpa::{
     AttentionPath, attention_path, set_attention_path, set_shape_buckets, shape_buckets,
 };
-pub use models::skinny::{set_rows_kernel, set_rows_kernel_max_mib, set_rows_kernel_one_row};
+pub use models::skinny::{
+    DEFAULT_MAX_MIB as DEFAULT_ROWS_KERNEL_MAX_MIB, set_rows_kernel, set_rows_kernel_max_mib,
+    set_rows_kernel_one_row,
+};
 pub use prefix::{PrefixCache, Reuse, ReuseSource};
 pub use quant::QuantParams;
 pub use quantize::{QuantizeOptions, QuantizeReport, quantize_folder, quantize_folder_cancellable};

@@ -1,13 +1,29 @@
 //! `x @ W.T` for a few rows of `x` on CUDA, reading each weight byte once
-//! for all rows, on the tensor cores: off by default, kept for measurement
-//! (`MTP_ROWS_KERNEL=1`; `MTP_ROWS_KERNEL_ONE=1` for one row too).
+//! for all rows, on the tensor cores: on by default on CUDA for 2–8 rows
+//! (verify rows, MTP flushes) over weights of at most
+//! [`DEFAULT_MAX_MIB`] MiB; MLX's matmul takes the rest.
 //!
 //! Why it exists: MLX 0.32's CUDA matmul has its own GEMV kernel for one row
-//! and sends two or more rows to cuBLASLt, whose GEMM for 2–8 rows of a
-//! decoder-sized bf16 weight reads the weight well below the GEMV's rate: at
-//! the 8B shape on an H200 a synced verify of 5 rows cost 10.8 ms against
-//! 6.85 ms for a one-row step (docs/gpu.md, session 8), and a verify is
-//! almost all weight reads.
+//! and sends two or more rows to cuBLASLt. cuBLASLt costs the host about
+//! 20 µs a call (MLX makes its descriptors and asks for a heuristic on every
+//! call; a custom kernel costs a few µs), and a verify has four products a
+//! layer: at the 8B shape on an H200 the host's encoding of a synced 5-row
+//! verify took 5.2–5.7 ms with cuBLASLt against 2.7 with this kernel for
+//! every product (docs/gpu.md, session 16).
+//!
+//! Why the cap: over a large weight the device's read bounds the product,
+//! and cuBLAS reads large weights faster than this kernel (a whole synced
+//! 5-row 8B verify: 9.8 ms with cuBLASLt, 10.2 with the kernel for every
+//! product, although its host part fell by half). Up to 64 MiB (a read of
+//! ~20 µs at the H200's ~3 TB/s, about what cuBLASLt's host cost is) the
+//! host bounds it. Alternating processes on an H200 (bf16, depth 4, round
+//! ms, without / with the kernel under the cap): 1.7b 7.77 / 6.83, tiny
+//! 3.00 / 2.68, 8b 11.16 / 11.04 (only its `o` projection and the MTP
+//! head's `fc` are that small); with no cap the 8b round got slower (10.24
+//! / 10.91) and 1.7b's faster (6.83 / 6.59). `MTP_ROWS_KERNEL=0` turns it
+//! off, `MTP_ROWS_KERNEL_MAX_MIB=N|all` moves the cap,
+//! `MTP_ROWS_KERNEL_ONE=1` gives it one-row products too (measured below
+//! MLX's GEMV: off).
 //!
 //! How: a warp computes 16 output features for all rows (up to 8) with
 //! `mma.sync.m16n8k16` (bf16 in, f32 accumulate): the 16 weight rows are the
@@ -21,15 +37,13 @@
 //! (interleaved 32-wide chunks, four chunks' twelve 16-byte loads in flight
 //! per lane) and add their partial sums in shared memory.
 //!
-//! Why it is off: on an H200 (cf88cf0, 8B shape) it is within bf16 rounding
-//! of cuBLAS (relative 4.6e-3 at most) and reads some multi-row shapes
-//! faster (4096×4096 at 2 rows: 1.67 against 1.12 TB/s), but a whole synced
-//! verify of 1–6 rows took 8.60 / 9.99 / 10.41 / 9.99 / 10.30 / 11.48 ms with
-//! it and 6.86 / 8.81 / 9.28 / 9.39 / 10.37 / 10.29 ms without, and its one
-//! row reads below MLX's GEMV: a warp's load spans 16 weight rows (the MMA's
-//! A layout) where a GEMV streams one. The first kernel here (one warp per
-//! output feature, f32 FMAs, each lane re-reading every input row from L1
-//! per weight vector) lost to cuBLAS from three rows on too.
+//! History: on an H200 (cf88cf0, 8B shape) it is within bf16 rounding of
+//! cuBLAS (relative 4.6e-3 at most) and reads some multi-row shapes faster
+//! (4096×4096 at 2 rows: 1.67 against 1.12 TB/s), but its one row reads
+//! below MLX's GEMV: a warp's load spans 16 weight rows (the MMA's A layout)
+//! where a GEMV streams one. The first kernel here (one warp per output
+//! feature, f32 FMAs, each lane re-reading every input row from L1 per
+//! weight vector) lost to cuBLAS from three rows on.
 
 use std::cell::Cell;
 
@@ -40,6 +54,10 @@ use crate::error::Result;
 
 /// The most rows the kernel takes (the MMA's eight B columns).
 pub(crate) const MAX_ROWS: i32 = 8;
+
+/// The largest weight, in MiB, the kernel takes unless
+/// `MTP_ROWS_KERNEL_MAX_MIB` says otherwise (see the module's doc).
+pub const DEFAULT_MAX_MIB: u64 = 64;
 
 /// Output features per block (the MMA's sixteen A rows).
 const FEATURES: i32 = 16;
@@ -121,7 +139,7 @@ const SOURCE: &str = r#"
 "#;
 
 thread_local! {
-    /// `MTP_ROWS_KERNEL=1` turns the kernel on for 2–8 rows.
+    /// `MTP_ROWS_KERNEL=0` turns the kernel off for 2–8 rows.
     static ENABLED: crate::switch::Flag = const { Cell::new(None) };
     /// `MTP_ROWS_KERNEL_ONE=1` also gives it one-row products (the plain
     /// step's GEMVs), for measurement against MLX's own GEMV.
@@ -131,18 +149,19 @@ thread_local! {
 }
 
 /// Caps, on this thread, the weights the few-rows kernel takes at `mib`
-/// MiB (`None`: no cap), over `MTP_ROWS_KERNEL_MAX_MIB`. A product over a
-/// small weight is bound by the host's cost of encoding it (cuBLASLt's
-/// descriptors and heuristic, about 20 µs a call on an H200 against a few
-/// for a custom kernel), a product over a large one by the device's read of
-/// the weight, where cuBLAS reads faster than this kernel.
+/// MiB (`None`: no cap), over `MTP_ROWS_KERNEL_MAX_MIB` (default
+/// [`DEFAULT_MAX_MIB`]). A product over a small weight is bound by the
+/// host's cost of encoding it (cuBLASLt's descriptors and heuristic, about
+/// 20 µs a call on an H200 against a few for a custom kernel), a product
+/// over a large one by the device's read of the weight, where cuBLAS reads
+/// faster than this kernel.
 pub fn set_rows_kernel_max_mib(mib: Option<u64>) {
     MAX_BYTES.with(|c| c.set(Some(mib.map(|m| m << 20))));
 }
 
 /// The cap in bytes on this thread: what [`set_rows_kernel_max_mib`]
-/// stored, else `MTP_ROWS_KERNEL_MAX_MIB` (a whole number of MiB; anything
-/// else keeps no cap, with a warning).
+/// stored, else `MTP_ROWS_KERNEL_MAX_MIB` (a whole number of MiB, or `all`;
+/// anything else keeps the default, with a warning).
 fn max_bytes() -> Option<u64> {
     MAX_BYTES.with(|c| {
         if let Some(cap) = c.get() {
@@ -153,26 +172,29 @@ fn max_bytes() -> Option<u64> {
             tracing::warn!(
                 variable = "MTP_ROWS_KERNEL_MAX_MIB",
                 value = raw.as_deref().unwrap_or_default(),
-                "not a whole number of MiB: the rows kernel takes weights of any size"
+                "not a whole number of MiB or `all`: the rows kernel takes weights up to \
+                 {DEFAULT_MAX_MIB} MiB"
             );
-            None
+            Some(DEFAULT_MAX_MIB << 20)
         });
         c.set(Some(cap));
         cap
     })
 }
 
-/// The cap from its variable: unset is no cap, a whole number of MiB that
-/// many bytes; `None` for anything else (the caller warns).
+/// The cap from its variable: unset is the default, `all` no cap, a whole
+/// number of MiB that many bytes; `None` for anything else (the caller
+/// warns).
 fn parse_max_mib(raw: Option<&str>) -> Option<Option<u64>> {
-    match raw {
-        None => Some(None),
-        Some(s) => s.trim().parse::<u64>().ok().map(|m| Some(m << 20)),
+    match raw.map(str::trim) {
+        None => Some(Some(DEFAULT_MAX_MIB << 20)),
+        Some("all") => Some(None),
+        Some(s) => s.parse::<u64>().ok().map(|m| Some(m << 20)),
     }
 }
 
 /// Turns the few-rows CUDA kernel on or off for this thread's later forwards
-/// of 2–8 rows (default: off, unless `MTP_ROWS_KERNEL=1`).
+/// of 2–8 rows (default: on, unless `MTP_ROWS_KERNEL=0`).
 pub fn set_rows_kernel(on: bool) {
     crate::switch::set(&ENABLED, on);
 }
@@ -187,7 +209,7 @@ pub fn set_rows_kernel_one_row(on: bool) {
 fn enabled(rows: i32) -> bool {
     match rows {
         1 => crate::switch::get(&ONE_ROW, "MTP_ROWS_KERNEL_ONE", false),
-        2..=MAX_ROWS => crate::switch::get(&ENABLED, "MTP_ROWS_KERNEL", false),
+        2..=MAX_ROWS => crate::switch::get(&ENABLED, "MTP_ROWS_KERNEL", true),
         _ => false,
     }
 }
@@ -268,7 +290,8 @@ mod tests {
     /// The weight-size cap: its variable in MiB, and the bytes it admits.
     #[test]
     fn the_cap_admits_weights_up_to_its_size() {
-        assert_eq!(parse_max_mib(None), Some(None));
+        assert_eq!(parse_max_mib(None), Some(Some(DEFAULT_MAX_MIB << 20)));
+        assert_eq!(parse_max_mib(Some("all")), Some(None));
         assert_eq!(parse_max_mib(Some("64")), Some(Some(64 << 20)));
         assert_eq!(parse_max_mib(Some(" 0 ")), Some(Some(0)));
         assert_eq!(parse_max_mib(Some("big")), None);
