@@ -15,6 +15,10 @@
 //!   fails the command (exit 1). The same comparison with TF32 on (MLX's
 //!   default) is reported, not enforced: a batched verify and a one-token step
 //!   may then round differently.
+//! * Each of our CUDA kernels must agree with the ops it replaces within its
+//!   stated tolerance (`bandwidth --kernel-check`): the bf16 kernels that a
+//!   default CUDA run takes are checked only here, since the enforced
+//!   speculative runs are f32.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -114,6 +118,39 @@ pub(crate) fn device_info() -> Result<Value> {
         .context("`bandwidth --info` printed no device line")
 }
 
+/// The `kernel-check` lines of `bandwidth --kernel-check`: each of our CUDA
+/// kernels against the ops it replaces (`runner::kernel_checks`).
+fn kernel_checks() -> Result<Vec<Value>> {
+    let out = cmd::output(
+        "kernel checks",
+        &mut bins::command(BANDWIDTH, &["--kernel-check".into()])?,
+    )?;
+    Ok(out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "kernel-check")
+        .collect())
+}
+
+/// A failure line for each kernel check past its tolerance (or without a
+/// number: a NaN error reads as `null`).
+fn kernel_failures(checks: &[Value]) -> Vec<String> {
+    checks
+        .iter()
+        .filter(|c| c["passed"] != json!(true))
+        .map(|c| {
+            format!(
+                "the {} kernel differs from the ops it replaces in {}: {} of the output range \
+                 (tolerance {})",
+                c["kernel"].as_str().unwrap_or("?"),
+                c["dtype"].as_str().unwrap_or("?"),
+                c["rel_err"],
+                c["tolerance"]
+            )
+        })
+        .collect()
+}
+
 /// Parity against the CPU reference and losslessness per method and depth.
 fn checks(device: Value) -> Result<(Value, i32)> {
     let reference = load_reference()?;
@@ -156,7 +193,37 @@ fn checks(device: Value) -> Result<(Value, i32)> {
             }
         }
     }
-    // The hybrid (Gated DeltaNet) model: its recurrent-state rewind on the device.
+    hybrid_lossless(&reference, &mut lossless, &mut failures)?;
+    // Our CUDA kernels against the ops they replace (none runs on Metal).
+    let kernels = kernel_checks()?;
+    failures.extend(kernel_failures(&kernels));
+    for f in &failures {
+        eprintln!("gpu-check: FAIL: {f}");
+    }
+    let status = if failures.is_empty() { "pass" } else { "fail" };
+    eprintln!(
+        "gpu-check: {status}: {} speculative runs against plain ({} enforced, f32 without TF32); \
+         CPU parity reported per prompt",
+        lossless.len(),
+        lossless.iter().filter(|r| r["enforced"] == true).count()
+    );
+    let code = i32::from(!failures.is_empty());
+    Ok((
+        json!({"check": "gpu", "status": status, "exit": code, "device": device,
+               "failures": failures, "parity": parity, "lossless": lossless, "kernels": kernels,
+               "rule": "speculative == plain on the same GPU in f32 with MLX_ENABLE_TF32=0 (enforced); \
+                        GPU vs CPU reference and TF32-on rows are reported only"}),
+        code,
+    ))
+}
+
+/// The hybrid (Gated DeltaNet) model's enforced MTP rows: its
+/// recurrent-state rewind on the device.
+fn hybrid_lossless(
+    reference: &Value,
+    lossless: &mut Vec<Value>,
+    failures: &mut Vec<String>,
+) -> Result<()> {
     for case in reference["cases"].as_array().into_iter().flatten() {
         let prompt = case["prompt"].as_str().context("case without prompt")?;
         let plain = ids(&generate(HYBRID, prompt, "off", None, "gpu", false)?["token_ids"]);
@@ -175,24 +242,7 @@ fn checks(device: Value) -> Result<(Value, i32)> {
             }));
         }
     }
-    for f in &failures {
-        eprintln!("gpu-check: FAIL: {f}");
-    }
-    let status = if failures.is_empty() { "pass" } else { "fail" };
-    eprintln!(
-        "gpu-check: {status}: {} speculative runs against plain ({} enforced, f32 without TF32); \
-         CPU parity reported per prompt",
-        lossless.len(),
-        lossless.iter().filter(|r| r["enforced"] == true).count()
-    );
-    let code = i32::from(!failures.is_empty());
-    Ok((
-        json!({"check": "gpu", "status": status, "exit": code, "device": device,
-               "failures": failures, "parity": parity, "lossless": lossless,
-               "rule": "speculative == plain on the same GPU in f32 with MLX_ENABLE_TF32=0 (enforced); \
-                        GPU vs CPU reference and TF32-on rows are reported only"}),
-        code,
-    ))
+    Ok(())
 }
 
 /// One `mtp-runner generate --json` on `device`; its JSON report.
@@ -295,7 +345,27 @@ fn merge(v: &mut Value, extra: Value) {
 
 #[cfg(test)]
 mod tests {
-    use super::first_divergence;
+    use super::{first_divergence, kernel_failures};
+    use serde_json::json;
+
+    /// Only a kernel check that did not pass becomes a failure, and it
+    /// names the kernel, the dtype and both numbers.
+    #[test]
+    fn a_kernel_past_its_tolerance_fails_the_check() {
+        let checks = [
+            json!({"kind": "kernel-check", "kernel": "fused-heads", "dtype": "f32",
+                   "rel_err": 1e-7, "tolerance": 1e-4, "passed": true}),
+            json!({"kind": "kernel-check", "kernel": "rows-matmul", "dtype": "bf16",
+                   "rel_err": 0.5, "tolerance": 2e-2, "passed": false}),
+            json!({"kind": "kernel-check", "kernel": "rows-matmul", "dtype": "bf16",
+                   "rel_err": null, "tolerance": 2e-2, "passed": false}),
+        ];
+        let f = kernel_failures(&checks);
+        assert_eq!(f.len(), 2, "{f:?}");
+        assert!(f[0].contains("rows-matmul") && f[0].contains("bf16") && f[0].contains("0.5"));
+        assert!(f[1].contains("null"));
+        assert!(kernel_failures(&checks[..1]).is_empty());
+    }
 
     #[test]
     fn first_divergence_finds_the_first_difference_or_the_shorter_end() {

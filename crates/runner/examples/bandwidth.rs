@@ -1,11 +1,15 @@
 //! The decode step against its physical floor: device memory bandwidth, launch overhead, and (with `--model`) the ratio.
 //!
-//! `cargo run --release -p runner --example bandwidth -- [--info] [--device cpu|gpu|auto]
-//! [--mib N] [--reps R] [--model DIR] [--tokens N] [--runs R]`
+//! `cargo run --release -p runner --example bandwidth -- [--info] [--kernel-check]
+//! [--device cpu|gpu|auto] [--mib N] [--reps R] [--model DIR] [--tokens N] [--runs R]`
 //!
 //! One JSON line per measurement, each with `"bench":"floor"` and a `"kind"`:
 //! * `device`: `gpu_available`, the device in use and its name, the MLX version.
 //!   `--info` prints only this line (what `xtask gpu-check` reads).
+//! * `kernel-check` (`--kernel-check`, which prints only these after the
+//!   device line; CUDA only): each of our CUDA kernels against the ops it
+//!   replaces (`runner::kernel_checks`): `kernel`, `dtype`, `rel_err`,
+//!   `tolerance`, `passed`. `xtask gpu-check` enforces them.
 //! * `bandwidth`: `op` = `copy` (`y = x * 1`, reads and writes N bytes), `sum`
 //!   (reads N bytes), `gemv` (`[1,4096] @ [4096,N/4096]`, reads N bytes: a
 //!   decode step's pattern) or, on a CPU, `rows` (the same product through our
@@ -178,12 +182,14 @@ fn decode_floor(
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let (mut info_only, mut device, mut mib, mut reps) = (false, "auto".to_owned(), None, 10usize);
+    let (mut info_only, mut kernel_check) = (false, false);
+    let (mut device, mut mib, mut reps) = ("auto".to_owned(), None, 10usize);
     let (mut model, mut tokens, mut runs) = (None, 128usize, 3usize);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
             "--info" => info_only = true,
+            "--kernel-check" => kernel_check = true,
             "--device" => device = val()?,
             "--mib" => mib = Some(val()?.parse::<usize>()?),
             "--reps" => reps = val()?.parse()?,
@@ -213,7 +219,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "device_name": mlx_tensor::device_name().unwrap_or_default(),
         "mlx_version": mlx_tensor::mlx_version()}),
     )?;
-    if !info_only {
+    if kernel_check {
+        // Our CUDA kernels against the ops they replace (nothing where none runs).
+        for c in runner::kernel_checks()? {
+            emit(
+                &json!({"bench": "floor", "kind": "kernel-check", "kernel": c.kernel,
+                         "dtype": c.dtype, "rel_err": c.rel_err, "tolerance": c.tolerance,
+                         "passed": c.passed()}),
+            )?;
+        }
+    }
+    if !info_only && !kernel_check {
         // Big enough to leave the caches (the H200's L2 is 50-60 MB).
         let gbs = bandwidth(mib.unwrap_or(if gpu { 1024 } else { 256 }), reps)?;
         let per_op = overhead(reps)?;

@@ -10,10 +10,11 @@
 //! where training documents start) then the text's tokens, the ids
 //! `mlx_lm_scale.py` uses too. One JSON line per result, `"bench":"spec-scale"`:
 //! * `kind: "load"`: `load_s`, `weight_bytes` (MLX active memory the weights hold).
-//! * `kind: "heads-unit"` (CUDA only, first): the fused heads kernel
-//!   (`models/heads_kernel.rs`) against the ops path on random inputs,
-//!   `f32_rel_err` and `bf16_rel_err` (worst difference ÷ output range); the
-//!   run stops past [`HEADS_F32_TOLERANCE`] or [`HEADS_BF16_TOLERANCE`].
+//! * `kind: "kernel-unit"` (CUDA only, first), one per kernel and dtype: our
+//!   CUDA kernels against the ops they replace on random inputs
+//!   (`runner::kernel_checks`: the fused heads in f32 and bf16, the few-rows
+//!   matmul in bf16), `kernel`, `dtype`, `rel_err` (worst difference ÷ output
+//!   range), `tolerance`; the run stops when one is past its tolerance.
 //! * `kind: "host"`: the host cost of a plain step, and of synced forwards of 1, 2
 //!   and 5 rows phase by phase (`examples/support/host.rs`).
 //! * `kind: "decode"`, per (method, depth): `tokens_per_s` = tokens after each
@@ -61,12 +62,6 @@ use serde_json::{Value, json};
 mod host;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-/// Largest difference of the fused heads kernel from the ops path, relative
-/// to the output's range, in f32 (only the norm's sum order differs) and in
-/// bf16 (that order can move a rounding by one unit, 2^-8 of a value).
-const HEADS_F32_TOLERANCE: f32 = 1e-4;
-const HEADS_BF16_TOLERANCE: f32 = 2e-2;
 
 /// Environment switches of ours and of MLX's CUDA backend that change what a
 /// run measures (docs/gpu.md names each).
@@ -377,19 +372,21 @@ fn main() -> Res<()> {
         r
     };
 
-    // The fused heads kernel against the ops path, before anything it
-    // computes is timed (only where it runs: CUDA).
-    if let Some((f32_err, bf16_err)) = runner::fused_heads_check()? {
+    // Our CUDA kernels against the ops they replace, before anything they
+    // compute is timed (only where they run: CUDA).
+    let checks = runner::kernel_checks()?;
+    for c in &checks {
         emit(&row(
-            json!({"kind": "heads-unit", "f32_rel_err": f32_err, "bf16_rel_err": bf16_err}),
+            json!({"kind": "kernel-unit", "kernel": c.kernel, "dtype": c.dtype,
+                         "rel_err": c.rel_err, "tolerance": c.tolerance}),
         ))?;
-        if f32_err > HEADS_F32_TOLERANCE || bf16_err > HEADS_BF16_TOLERANCE {
-            return Err(format!(
-                "the fused heads kernel differs from the ops path: f32 {f32_err:.2e} (> {HEADS_F32_TOLERANCE:e}) \
-                 or bf16 {bf16_err:.2e} (> {HEADS_BF16_TOLERANCE:e}) of the output range"
-            )
-            .into());
-        }
+    }
+    if let Some(c) = checks.iter().find(|c| !c.passed()) {
+        return Err(format!(
+            "the {} kernel differs from the ops it replaces in {}: {:.2e} of the output range (tolerance {:e})",
+            c.kernel, c.dtype, c.rel_err, c.tolerance
+        )
+        .into());
     }
     let before = mlx_tensor::memory::active();
     let t0 = Instant::now();

@@ -8,6 +8,7 @@ pub(crate) mod gated_attention;
 pub(crate) mod gated_delta;
 pub(crate) mod glm4_moe;
 pub(crate) mod heads_kernel;
+pub(crate) mod kernel_check;
 pub(crate) mod layers;
 pub(crate) mod llama;
 pub(crate) mod moe;

@@ -258,6 +258,45 @@ pub(crate) fn matmul_t(x: &Array, w: &Array) -> Result<Array> {
     Ok(KERNEL.apply(&[x, w], &launch)?.remove(0))
 }
 
+/// The kernel against MLX's matmul on this device, in bf16: random inputs,
+/// 1–8 rows, weights from one block (16 × 32) to decoder-sized (4096 ×
+/// 1024, 1024 × 4096) and an odd block count (272 × 96). Returns the worst
+/// `max |kernel − matmul| ÷ max |matmul|`, or `None` where the kernel does
+/// not run (no CUDA). Both accumulate in f32, so they part by the order of
+/// the sums and one bf16 rounding of the output (~4e-3 measured).
+pub fn self_check() -> Result<Option<f32>> {
+    use mlx_tensor::random;
+    if !crate::models::sdpa::on_cuda() {
+        return Ok(None);
+    }
+    let rand = |shape: &[i32], seed: u64| -> Result<Array> {
+        Ok(random::normal(shape, Dtype::Float32, &random::key(seed)?)?.as_type(Dtype::Bfloat16)?)
+    };
+    let mut worst = 0.0f32;
+    for (n, k) in [(16, 32), (4096, 1024), (1024, 4096), (272, 96)] {
+        let w = rand(&[n, k], 7 + n as u64 * 31 + k as u64)?;
+        let wt = w.t()?;
+        for rows in 1..=MAX_ROWS {
+            let x = rand(&[rows, k], 100 + rows as u64)?;
+            let got = matmul_t(&x, &w)?.as_type(Dtype::Float32)?.to_vec::<f32>()?;
+            let want = x.matmul(&wt)?.as_type(Dtype::Float32)?.to_vec::<f32>()?;
+            let range = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let diff = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            let rel = if got.len() == want.len() && diff.is_finite() && range > 0.0 {
+                diff / range
+            } else {
+                f32::INFINITY
+            };
+            worst = worst.max(rel);
+        }
+    }
+    Ok(Some(worst))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,96 @@
+//! Our CUDA kernels against MLX's own ops on the running device, each with
+//! the tolerance it must meet: what `gpu-check` enforces and `scale-bench`
+//! reports before it measures.
+//!
+//! Why here: the kernels are chosen by default on CUDA (the fused heads for
+//! verify rows and MTP flushes, the few-rows matmul for small weights), and
+//! none of them runs on a CPU, so only the device can show they compute what
+//! the ops they replace compute. Tolerances are relative to the largest
+//! magnitude of the ops' output.
+
+use crate::error::Result;
+
+/// One kernel's agreement with the ops it replaces, in one dtype.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelCheck {
+    /// The kernel (`fused-heads`, `rows-matmul`).
+    pub kernel: &'static str,
+    /// The dtype it was run in (`f32`, `bf16`).
+    pub dtype: &'static str,
+    /// Worst `max |kernel − ops| ÷ max |ops|` over the check's shapes
+    /// (infinite when an output was missing or not finite).
+    pub rel_err: f32,
+    /// The largest `rel_err` that passes.
+    pub tolerance: f32,
+}
+
+impl KernelCheck {
+    /// Whether the kernel is within its tolerance (a NaN never is).
+    pub fn passed(&self) -> bool {
+        self.rel_err <= self.tolerance
+    }
+}
+
+/// The fused heads kernel in f32: only the norm's summation order differs.
+pub const HEADS_F32_TOLERANCE: f32 = 1e-4;
+/// In bf16 that order can move a rounding by one unit (2^-8 of a value).
+pub const HEADS_BF16_TOLERANCE: f32 = 2e-2;
+/// The few-rows matmul in bf16: summation order and one output rounding.
+pub const ROWS_BF16_TOLERANCE: f32 = 2e-2;
+
+/// Runs every kernel's check on the default device; empty where none of
+/// them runs (no CUDA).
+pub fn kernel_checks() -> Result<Vec<KernelCheck>> {
+    let mut out = Vec::new();
+    if let Some((f32_err, bf16_err)) = super::heads_kernel::self_check()? {
+        out.push(KernelCheck {
+            kernel: "fused-heads",
+            dtype: "f32",
+            rel_err: f32_err,
+            tolerance: HEADS_F32_TOLERANCE,
+        });
+        out.push(KernelCheck {
+            kernel: "fused-heads",
+            dtype: "bf16",
+            rel_err: bf16_err,
+            tolerance: HEADS_BF16_TOLERANCE,
+        });
+    }
+    if let Some(err) = super::skinny::self_check()? {
+        out.push(KernelCheck {
+            kernel: "rows-matmul",
+            dtype: "bf16",
+            rel_err: err,
+            tolerance: ROWS_BF16_TOLERANCE,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a machine without CUDA no kernel runs, so nothing is reported
+    /// (never a check that did not run).
+    #[test]
+    fn a_cpu_reports_no_kernel() {
+        if !crate::models::sdpa::on_cuda() {
+            assert!(kernel_checks().unwrap().is_empty());
+        }
+    }
+
+    /// A check passes up to its tolerance, and an error that is not a
+    /// number (a NaN output) never passes.
+    #[test]
+    fn passes_within_its_tolerance_only() {
+        let c = |rel_err| KernelCheck {
+            kernel: "k",
+            dtype: "bf16",
+            rel_err,
+            tolerance: 1e-2,
+        };
+        assert!(c(0.0).passed() && c(1e-2).passed());
+        assert!(!c(1.1e-2).passed() && !c(f32::INFINITY).passed() && !c(f32::NAN).passed());
+    }
+}
