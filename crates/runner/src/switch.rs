@@ -48,6 +48,34 @@ pub(crate) fn set(key: &'static LocalKey<Flag>, on: bool) {
     key.with(|c| c.set(Some(on)));
 }
 
+/// A per-thread setting that is not on/off (a size, a count): what was set
+/// on this thread, else `var` through `parse` (given `None` when unset),
+/// else `default` with a warning that names the variable and says `wants`.
+pub(crate) fn get_parsed<T: Copy + 'static>(
+    key: &'static LocalKey<Cell<Option<T>>>,
+    var: &str,
+    parse: fn(Option<&str>) -> Option<T>,
+    default: T,
+    wants: &str,
+) -> T {
+    key.with(|c| {
+        if let Some(v) = c.get() {
+            return v;
+        }
+        let raw = std::env::var(var).ok();
+        let v = parse(raw.as_deref()).unwrap_or_else(|| {
+            tracing::warn!(
+                variable = var,
+                value = raw.as_deref().unwrap_or_default(),
+                "not {wants}: the setting keeps its default"
+            );
+            default
+        });
+        c.set(Some(v));
+        v
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,5 +104,21 @@ mod tests {
         assert!(!other.join().unwrap());
         let on = std::thread::spawn(|| get(&PROBE, "MTP_SWITCH_TEST_NEVER_SET", true));
         assert!(on.join().unwrap());
+    }
+
+    thread_local! {
+        static SIZE: Cell<Option<u32>> = const { Cell::new(None) };
+    }
+
+    #[test]
+    fn a_parsed_setting_takes_its_default_when_unset_and_keeps_what_was_set() {
+        fn parse(raw: Option<&str>) -> Option<u32> {
+            raw.map_or(Some(7), |s| s.parse().ok())
+        }
+        let read = || get_parsed(&SIZE, "MTP_SWITCH_TEST_NEVER_SET", parse, 9, "a count");
+        assert_eq!(read(), 7);
+        SIZE.with(|c| c.set(Some(3)));
+        assert_eq!(read(), 3);
+        assert_eq!(parse(Some("x")), None);
     }
 }

@@ -71,22 +71,13 @@ pub fn layer_dispatch() -> bool {
 /// Layers per group: `MTP_LAYER_DISPATCH_EVERY` when it is a positive
 /// integer (anything else keeps the default, with a warning).
 fn every() -> usize {
-    EVERY.with(|c| {
-        if let Some(n) = c.get() {
-            return n;
-        }
-        let raw = std::env::var("MTP_LAYER_DISPATCH_EVERY").ok();
-        let n = parse_every(raw.as_deref()).unwrap_or_else(|| {
-            tracing::warn!(
-                variable = "MTP_LAYER_DISPATCH_EVERY",
-                value = raw.as_deref().unwrap_or_default(),
-                "not a positive integer: {DEFAULT_LAYER_DISPATCH_EVERY} layers per group"
-            );
-            DEFAULT_LAYER_DISPATCH_EVERY
-        });
-        c.set(Some(n));
-        n
-    })
+    crate::switch::get_parsed(
+        &EVERY,
+        "MTP_LAYER_DISPATCH_EVERY",
+        parse_every,
+        DEFAULT_LAYER_DISPATCH_EVERY,
+        "a positive integer",
+    )
 }
 
 /// The group size from its variable: unset gives the default, a positive

@@ -370,20 +370,7 @@ pub fn self_check() -> Result<Option<(f32, f32)>> {
             let (wq, wk, wv) = by_ops(&q, &k, &v, norms, &rope, offset)?;
             let want = [wq, wk, wv];
             for (got, want) in [qo, ko, vo].iter().zip(&want) {
-                let (g, w) = (got.as_type(Dtype::Float32)?, want.as_type(Dtype::Float32)?);
-                let (g, w) = (g.to_vec::<f32>()?, w.to_vec::<f32>()?);
-                let range = w.iter().fold(0.0f32, |a, x| a.max(x.abs()));
-                let diff = g
-                    .iter()
-                    .zip(&w)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0f32, f32::max);
-                let rel = if g.len() == w.len() && diff.is_finite() {
-                    diff / range
-                } else {
-                    f32::INFINITY
-                };
-                worst[slot] = worst[slot].max(rel);
+                worst[slot] = worst[slot].max(super::kernel_check::rel_err(got, want)?);
             }
         }
     }

@@ -8,6 +8,8 @@
 //! the ops they replace compute. Tolerances are relative to the largest
 //! magnitude of the ops' output.
 
+use mlx_tensor::{Array, Dtype};
+
 use crate::error::Result;
 
 /// One kernel's agreement with the ops it replaces, in one dtype.
@@ -37,6 +39,31 @@ pub const HEADS_F32_TOLERANCE: f32 = 1e-4;
 pub const HEADS_BF16_TOLERANCE: f32 = 2e-2;
 /// The few-rows matmul in bf16: summation order and one output rounding.
 pub const ROWS_BF16_TOLERANCE: f32 = 2e-2;
+
+/// `max |got − want| ÷ max |want|`, both read as f32; infinite when the
+/// lengths differ, `got` is not all finite or `want` is all zeros (a
+/// check must never pass on what it could not compare).
+pub(crate) fn rel_err(got: &Array, want: &Array) -> Result<f32> {
+    let got = got.as_type(Dtype::Float32)?.to_vec::<f32>()?;
+    let want = want.as_type(Dtype::Float32)?.to_vec::<f32>()?;
+    Ok(rel_err_of(&got, &want))
+}
+
+fn rel_err_of(got: &[f32], want: &[f32]) -> f32 {
+    let range = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let diff = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    // `f32::max` passes a NaN over, so finiteness is checked on its own.
+    let finite = got.iter().all(|v| v.is_finite());
+    if got.len() == want.len() && finite && diff.is_finite() && range > 0.0 {
+        diff / range
+    } else {
+        f32::INFINITY
+    }
+}
 
 /// Runs every kernel's check on the default device; empty where none of
 /// them runs (no CUDA).
@@ -78,6 +105,20 @@ mod tests {
         if !crate::models::sdpa::on_cuda() {
             assert!(kernel_checks().unwrap().is_empty());
         }
+    }
+
+    /// The relative error: the worst difference over the largest magnitude,
+    /// and never a pass on what could not be compared.
+    #[test]
+    fn rel_err_compares_only_what_it_can() {
+        assert_eq!(rel_err_of(&[1.0, 2.5], &[1.0, 2.0]), 0.25);
+        assert_eq!(rel_err_of(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert_eq!(rel_err_of(&[1.0], &[1.0, 2.0]), f32::INFINITY);
+        assert_eq!(rel_err_of(&[f32::NAN, 2.0], &[1.0, 2.0]), f32::INFINITY);
+        assert_eq!(rel_err_of(&[0.0], &[0.0]), f32::INFINITY);
+        let a = Array::from_slice(&[1.0f32, -4.0], &[2]).unwrap();
+        let b = Array::from_slice(&[1.5f32, -4.0], &[2]).unwrap();
+        assert_eq!(rel_err(&b, &a).unwrap(), 0.125);
     }
 
     /// A check passes up to its tolerance, and an error that is not a

@@ -163,23 +163,13 @@ pub fn set_rows_kernel_max_mib(mib: Option<u64>) {
 /// stored, else `MTP_ROWS_KERNEL_MAX_MIB` (a whole number of MiB, or `all`;
 /// anything else keeps the default, with a warning).
 fn max_bytes() -> Option<u64> {
-    MAX_BYTES.with(|c| {
-        if let Some(cap) = c.get() {
-            return cap;
-        }
-        let raw = std::env::var("MTP_ROWS_KERNEL_MAX_MIB").ok();
-        let cap = parse_max_mib(raw.as_deref()).unwrap_or_else(|| {
-            tracing::warn!(
-                variable = "MTP_ROWS_KERNEL_MAX_MIB",
-                value = raw.as_deref().unwrap_or_default(),
-                "not a whole number of MiB or `all`: the rows kernel takes weights up to \
-                 {DEFAULT_MAX_MIB} MiB"
-            );
-            Some(DEFAULT_MAX_MIB << 20)
-        });
-        c.set(Some(cap));
-        cap
-    })
+    crate::switch::get_parsed(
+        &MAX_BYTES,
+        "MTP_ROWS_KERNEL_MAX_MIB",
+        parse_max_mib,
+        Some(DEFAULT_MAX_MIB << 20),
+        "a whole number of MiB or `all`",
+    )
 }
 
 /// The cap from its variable: unset is the default, `all` no cap, a whole
@@ -278,19 +268,7 @@ pub fn self_check() -> Result<Option<f32>> {
         let wt = w.t()?;
         for rows in 1..=MAX_ROWS {
             let x = rand(&[rows, k], 100 + rows as u64)?;
-            let got = matmul_t(&x, &w)?.as_type(Dtype::Float32)?.to_vec::<f32>()?;
-            let want = x.matmul(&wt)?.as_type(Dtype::Float32)?.to_vec::<f32>()?;
-            let range = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-            let diff = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
-            let rel = if got.len() == want.len() && diff.is_finite() && range > 0.0 {
-                diff / range
-            } else {
-                f32::INFINITY
-            };
+            let rel = super::kernel_check::rel_err(&matmul_t(&x, &w)?, &x.matmul(&wt)?)?;
             worst = worst.max(rel);
         }
     }
