@@ -113,17 +113,15 @@ pub use models::dispatch::{
     DEFAULT_LAYER_DISPATCH_EVERY, layer_dispatch, layer_dispatches, set_layer_dispatch,
     set_layer_dispatch_every,
 };
-pub use models::heads_kernel::{self_check as fused_heads_check, set_fused_heads};
-pub use models::kernel_check::{
-    HEADS_BF16_TOLERANCE, HEADS_F32_TOLERANCE, KernelCheck, ROWS_BF16_TOLERANCE, kernel_checks,
-};
+pub use models::heads_kernel::set_fused_heads;
+pub use models::kernel_check::{KernelCheck, kernel_checks};
 pub use models::layers::LinearLayout;
 pub use models::sdpa::{
     AttentionPath, attention_path, set_attention_path, set_shape_buckets, shape_buckets,
 };
 pub use models::skinny::{
-    DEFAULT_MAX_MIB as DEFAULT_ROWS_KERNEL_MAX_MIB, self_check as rows_kernel_check,
-    set_rows_kernel, set_rows_kernel_max_mib, set_rows_kernel_one_row,
+    DEFAULT_MAX_MIB as DEFAULT_ROWS_KERNEL_MAX_MIB, set_rows_kernel, set_rows_kernel_max_mib,
+    set_rows_kernel_one_row,
 };
 pub use prefix::{PrefixCache, Reuse, ReuseSource};
 pub use quant::QuantParams;

@@ -320,7 +320,7 @@ fn kernel(
 /// widths 32, 64, 128 and 2 to 16 rows. Returns the worst
 /// `max |kernel − ops| ÷ max |ops|` per dtype (f32, then bf16), or `None`
 /// where the kernel does not run (no CUDA).
-pub fn self_check() -> Result<Option<(f32, f32)>> {
+pub(crate) fn self_check() -> Result<Option<(f32, f32)>> {
     use mlx_tensor::random;
     let rand = |shape: &[i32], seed: u64| -> Result<Array> {
         Ok(random::normal(shape, Dtype::Float32, &random::key(seed)?)?)

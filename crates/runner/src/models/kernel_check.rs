@@ -34,11 +34,11 @@ impl KernelCheck {
 }
 
 /// The fused heads kernel in f32: only the norm's summation order differs.
-pub const HEADS_F32_TOLERANCE: f32 = 1e-4;
+const HEADS_F32_TOLERANCE: f32 = 1e-4;
 /// In bf16 that order can move a rounding by one unit (2^-8 of a value).
-pub const HEADS_BF16_TOLERANCE: f32 = 2e-2;
+const HEADS_BF16_TOLERANCE: f32 = 2e-2;
 /// The few-rows matmul in bf16: summation order and one output rounding.
-pub const ROWS_BF16_TOLERANCE: f32 = 2e-2;
+const ROWS_BF16_TOLERANCE: f32 = 2e-2;
 
 /// `max |got − want| ÷ max |want|`, both read as f32; infinite when the
 /// lengths differ, `got` is not all finite or `want` is all zeros (a

@@ -254,7 +254,7 @@ pub(crate) fn matmul_t(x: &Array, w: &Array) -> Result<Array> {
 /// `max |kernel − matmul| ÷ max |matmul|`, or `None` where the kernel does
 /// not run (no CUDA). Both accumulate in f32, so they part by the order of
 /// the sums and one bf16 rounding of the output (~4e-3 measured).
-pub fn self_check() -> Result<Option<f32>> {
+pub(crate) fn self_check() -> Result<Option<f32>> {
     use mlx_tensor::random;
     if !crate::models::sdpa::on_cuda() {
         return Ok(None);
