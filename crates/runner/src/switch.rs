@@ -14,22 +14,7 @@ pub(crate) type Flag = Cell<Option<bool>>;
 /// The switch's value on this thread: what [`set`] stored, else `var`'s
 /// (`1` on, `0` off), else `default` (remembered for the thread's later calls).
 pub(crate) fn get(key: &'static LocalKey<Flag>, var: &str, default: bool) -> bool {
-    key.with(|c| match c.get() {
-        Some(v) => v,
-        None => {
-            let raw = std::env::var(var).ok();
-            let v = value(raw.as_deref(), default).unwrap_or_else(|| {
-                tracing::warn!(
-                    variable = var,
-                    value = raw.as_deref().unwrap_or_default(),
-                    "not 0 or 1: the switch keeps its default ({default}); set it to 0 or 1"
-                );
-                default
-            });
-            c.set(Some(v));
-            v
-        }
-    })
+    get_parsed(key, var, |raw| value(raw, default), default, "0 or 1")
 }
 
 /// A switch's value from its variable: `1` on, `0` off, unset the default;
@@ -48,13 +33,14 @@ pub(crate) fn set(key: &'static LocalKey<Flag>, on: bool) {
     key.with(|c| c.set(Some(on)));
 }
 
-/// A per-thread setting that is not on/off (a size, a count): what was set
-/// on this thread, else `var` through `parse` (given `None` when unset),
-/// else `default` with a warning that names the variable and says `wants`.
+/// A per-thread setting (an on/off switch through [`get`], a size, a
+/// count): what was set on this thread, else `var` through `parse` (given
+/// `None` when unset), else `default` with a warning that names the
+/// variable and says `wants`; remembered for the thread's later calls.
 pub(crate) fn get_parsed<T: Copy + 'static>(
     key: &'static LocalKey<Cell<Option<T>>>,
     var: &str,
-    parse: fn(Option<&str>) -> Option<T>,
+    parse: impl Fn(Option<&str>) -> Option<T>,
     default: T,
     wants: &str,
 ) -> T {
