@@ -15,6 +15,10 @@
 //!   (`runner::kernel_checks`: the fused heads in f32 and bf16, the few-rows
 //!   matmul in bf16), `kernel`, `dtype`, `rel_err` (worst difference ÷ output
 //!   range), `tolerance`; the run stops when one is past its tolerance.
+//! * `kind: "attention-time"` (bf16 on a GPU): one attention call's time at
+//!   the model's heads over 1,000 keys, `path` (`short`: our kernels,
+//!   `explicit`) and `rows` (2–5, 8, 16): `us_per_call`, the median over
+//!   three batches of 64 independent calls evaluated at once.
 //! * `kind: "host"`: the host cost of a plain step, and of synced forwards of 1, 2
 //!   and 5 rows phase by phase (`examples/support/host.rs`).
 //! * `kind: "decode"`, per (method, depth): `tokens_per_s` = tokens after each
@@ -51,7 +55,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use mlx_tensor::Dtype;
+use mlx_tensor::{Array, Dtype};
 use runner::{
     DepthPolicy, GenerateOptions, Generation, LoadOptions, LoadedModel, SamplingOptions, Session,
     SpecStats,
@@ -80,11 +84,62 @@ const SWITCHES: &[&str] = &[
     "MTP_SHAPE_BUCKETS",
     "MTP_DRAFT_VOCAB",
     "MTP_FUSED_HEADS",
+    "MTP_SHORT_SDPA_V1",
     "MLX_CUDA_GRAPH_CACHE_SIZE",
     "MLX_CUDA_USE_CUDNN_SDPA",
     "MLX_USE_CUDA_GRAPHS",
     "MLX_MAX_OPS_PER_BUFFER",
 ];
+
+/// Device and host time of one bf16 attention call of `hq` heads over
+/// `hkv` KV heads of width `d` over 1,000 keys, per query row count (2–5, 8, 16) and path (`short`: our
+/// kernels, `explicit`): 64 independent calls built and evaluated at once,
+/// as a forward's layers are, after a warm-up. One `attention-time`
+/// row per case.
+fn attention_time(hq: i32, hkv: i32, d: i32, row: &dyn Fn(Value) -> Value) -> Res<()> {
+    use runner::testing::{explicit_attention, short_attention};
+    const CALLS: usize = 64;
+    let s = 1000;
+    for l in [2, 3, 4, 5, 8, 16] {
+        let rnd = |shape: &[i32], j: u64| -> Res<Array> {
+            let key = mlx_tensor::random::key(500 + j)?;
+            Ok(mlx_tensor::random::normal(shape, Dtype::Bfloat16, &key)?)
+        };
+        let q = rnd(&[1, l, hq, d], 0)?.transpose(&[0, 2, 1, 3])?;
+        let live = |a: Array| a.slice(&[0, 0, 0, 0], &[1, hkv, s, d], &[1, 1, 1, 1]);
+        let k = live(rnd(&[1, hkv, 1280, d], 1)?)?;
+        let v = live(rnd(&[1, hkv, 1280, d], 2)?)?;
+        for a in [&q, &k, &v] {
+            a.eval()?;
+        }
+        let scale = 1.0 / (d as f32).sqrt();
+        for path in ["short", "explicit"] {
+            let call = |i: usize| -> Res<Array> {
+                // A distinct scale per call, so no two calls are the same node.
+                let sc = scale * (1.0 + i as f32 * 1e-6);
+                Ok(if path == "short" {
+                    short_attention(&q, &k, &v, sc)?
+                } else {
+                    explicit_attention(&q, &k, &v, sc)?
+                })
+            };
+            let mut times = Vec::new();
+            for rep in 0..4 {
+                let t = Instant::now();
+                let outs = (0..CALLS).map(call).collect::<Result<Vec<_>, _>>()?;
+                mlx_tensor::eval(&outs)?;
+                if rep > 0 {
+                    times.push(t.elapsed().as_secs_f64() * 1e6 / CALLS as f64);
+                }
+            }
+            emit(&row(
+                json!({"kind": "attention-time", "path": path, "heads": hq, "kv_heads": hkv,
+                       "head_dim": d, "rows": l, "keys": s, "us_per_call": host::median(times)}),
+            ))?;
+        }
+    }
+    Ok(())
+}
 
 fn emit(line: &Value) -> Res<()> {
     use std::io::Write as _;
@@ -402,6 +457,18 @@ fn main() -> Res<()> {
                      "draft_quant": m.draft_head.quant.map_or("off".to_owned(), |p| format!("q{}", p.bits)),
                      "draft_vocab": m.draft_head.vocab.as_ref().map(Vec::len)}),
     ))?;
+    // One attention call's time at the model's heads, per path and query
+    // row count (bf16 on CUDA: where the short-query kernels run).
+    if dtype == Dtype::Bfloat16 && mlx_tensor::gpu_available() {
+        let c = m.model.config();
+        let n = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
+        let (hq, hkv, d) = (
+            n(c.num_attention_heads),
+            n(c.num_key_value_heads),
+            n(c.head_dim),
+        );
+        attention_time(hq, hkv, d, &row)?;
+    }
     // The host cost of a plain step (graph build, op count, synced and
     // pipelined time per token), before any case.
     let vocab = m.model.vocab_size() as u32;

@@ -12,9 +12,9 @@
 //! gated delta kernel on and off (`"probe":"delta-kernel"`), and fails past
 //! [`DELTA_TOLERANCE`].
 //!
-//! First, always: the short-query attention kernels against f32 attention on
-//! random bf16 inputs (`"probe":"short-attention-unit"`; an error beyond
-//! [`SHORT_TOLERANCE`], and nothing else runs; skipped without a GPU), then the host cost of a
+//! First, always: our CUDA kernels against the ops they replace
+//! (`runner::kernel_checks`, `"probe":"kernel-check"`; one past its
+//! tolerance, and nothing else runs; none on a CPU); then the host cost of a
 //! one-token step (`"probe":"host"`).
 //!
 //! Without `--model` a random-weight Qwen3 checkpoint of `--shape` is written
@@ -188,17 +188,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect()
     };
     let dt = format!("{dtype:?}");
-    // The short-query kernels are CUDA kernels: on a CPU there is nothing to check.
-    let worst = if mlx_tensor::gpu_available() {
-        short_attention_unit()?
-    } else {
-        0.0
-    };
-    if worst > SHORT_TOLERANCE {
-        return Err(format!(
-            "short attention kernels differ from f32 attention by {worst:.2e} of the output range (> {SHORT_TOLERANCE:e})"
-        )
-        .into());
+    // Our CUDA kernels against the ops they replace (nothing runs on a CPU):
+    // a kernel past its tolerance stops the probe before anything is timed.
+    for c in runner::kernel_checks()? {
+        println!(
+            "{}",
+            json!({"probe": "kernel-check", "kernel": c.kernel, "dtype": c.dtype,
+                   "rel_err": c.rel_err, "tolerance": c.tolerance, "passed": c.passed()})
+        );
+        if !c.passed() {
+            return Err(format!(
+                "the {} kernel differs from the ops it replaces in {} by {:.2e} of the output range (> {:e})",
+                c.kernel, c.dtype, c.rel_err, c.tolerance
+            )
+            .into());
+        }
     }
     let host = host::probe(m, &|n, salt| ids(n, salt), rounds.max(32));
     println!("{}", json!({"probe": "host", "dtype": dt, "host": host}));
@@ -314,67 +318,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
-}
-
-/// Largest difference allowed between the short-query kernels (bf16 output)
-/// and attention computed in f32 from the same bf16 inputs, in units of the
-/// output's largest magnitude: a few bf16 roundings (8 bits of mantissa).
-const SHORT_TOLERANCE: f32 = 1.5e-2;
-
-/// The short-query kernels against the explicit form in f32, on the layouts a
-/// forward hands them (queries transposed from `[1, L, H, D]`, keys and
-/// values the live part of a longer cache buffer), over grouped and ungrouped
-/// heads, one and several key chunks. Prints one line per case; returns the
-/// worst relative difference (1 when the CUDA kernels cannot run).
-#[allow(clippy::print_stdout, clippy::print_stderr)]
-fn short_attention_unit() -> Result<f32, Box<dyn std::error::Error>> {
-    use runner::testing::{explicit_attention, short_attention};
-    let mut worst = 0.0f32;
-    let cases = [
-        (8, 8, 2, 5, 64),
-        (64, 16, 5, 1000, 64),
-        (32, 16, 7, 300, 128),
-        (16, 2, 3, 129, 256),
-        (4, 1, 16, 40, 32),
-    ];
-    for (i, &(hq, hkv, l, s, d)) in cases.iter().enumerate() {
-        let key = |j: u64| mlx_tensor::random::key(100 + 10 * i as u64 + j);
-        let rnd = |shape: &[i32], j| mlx_tensor::random::normal(shape, Dtype::Bfloat16, &key(j)?);
-        // `[1, L, Hq, D]` viewed heads-first, as attention.rs hands it over.
-        let q = rnd(&[1, l, hq, d], 0)?.transpose(&[0, 2, 1, 3])?;
-        let cap = (s + 255) / 256 * 256 + 256;
-        let live = |a: Array| a.slice(&[0, 0, 0, 0], &[1, hkv, s, d], &[1, 1, 1, 1]);
-        let k = live(rnd(&[1, hkv, cap, d], 1)?)?;
-        let v = live(rnd(&[1, hkv, cap, d], 2)?)?;
-        let scale = 1.0 / (d as f32).sqrt();
-        let f32s = |a: &Array| a.as_type(Dtype::Float32);
-        let want = explicit_attention(&f32s(&q)?, &f32s(&k)?, &f32s(&v)?, scale)?
-            .transpose(&[0, 2, 1, 3])?
-            .reshape(&[1, l, hq * d])?
-            .to_vec::<f32>()?;
-        let rel = match short_attention(&q, &k, &v, scale)
-            .and_then(|y| Ok(y.as_type(Dtype::Float32)?.to_vec::<f32>()?))
-        {
-            Ok(got) => {
-                let (range, diff) = range_and_diff(&want, &got);
-                if got.len() == want.len() && diff.is_finite() {
-                    diff / range.max(1e-30)
-                } else {
-                    1.0
-                }
-            }
-            Err(e) => {
-                eprintln!("short attention kernels did not run: {e}");
-                1.0
-            }
-        };
-        worst = worst.max(rel);
-        println!(
-            "{}",
-            json!({"probe":"short-attention-unit","heads":hq,"kv_heads":hkv,"rows":l,"keys":s,"head_dim":d,"rel":rel})
-        );
-    }
-    Ok(worst)
 }
 
 /// Largest logit difference allowed between the gated delta kernel and the

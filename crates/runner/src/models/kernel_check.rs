@@ -2,8 +2,9 @@
 //! the tolerance it must meet: what `gpu-check` enforces and `scale-bench`
 //! reports before it measures.
 //!
-//! Why here: the kernels are chosen by default on CUDA (the fused heads for
-//! verify rows and MTP flushes, the few-rows matmul for small weights), and
+//! Why here: the kernels are chosen by default on CUDA (the fused heads and
+//! the short-query attention for verify rows and MTP flushes, the few-rows
+//! matmul for small weights), and
 //! none of them runs on a CPU, so only the device can show they compute what
 //! the ops they replace compute. Tolerances are relative to the largest
 //! magnitude of the ops' output.
@@ -15,7 +16,7 @@ use crate::error::Result;
 /// One kernel's agreement with the ops it replaces, in one dtype.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KernelCheck {
-    /// The kernel (`fused-heads`, `rows-matmul`).
+    /// The kernel (`fused-heads`, `rows-matmul`, `short-attention`).
     pub kernel: &'static str,
     /// The dtype it was run in (`f32`, `bf16`).
     pub dtype: &'static str,
@@ -39,6 +40,10 @@ const HEADS_F32_TOLERANCE: f32 = 1e-4;
 const HEADS_BF16_TOLERANCE: f32 = 2e-2;
 /// The few-rows matmul in bf16: summation order and one output rounding.
 const ROWS_BF16_TOLERANCE: f32 = 2e-2;
+/// The short-query attention in bf16 against f32 attention: one output
+/// rounding (2^-8 of a value) and the f32 softmax's order (session 15:
+/// 1.8e-3 to 2.8e-3).
+const SHORT_ATTENTION_BF16_TOLERANCE: f32 = 1.5e-2;
 
 /// `max |got − want| ÷ max |want|`, both read as f32; infinite when the
 /// lengths differ, `got` is not all finite or `want` is all zeros (a
@@ -89,6 +94,14 @@ pub fn kernel_checks() -> Result<Vec<KernelCheck>> {
             dtype: "bf16",
             rel_err: err,
             tolerance: ROWS_BF16_TOLERANCE,
+        });
+    }
+    if let Some(err) = super::short_sdpa::self_check()? {
+        out.push(KernelCheck {
+            kernel: "short-attention",
+            dtype: "bf16",
+            rel_err: err,
+            tolerance: SHORT_ATTENTION_BF16_TOLERANCE,
         });
     }
     Ok(out)
