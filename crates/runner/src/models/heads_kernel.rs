@@ -314,29 +314,35 @@ fn kernel(
     Ok(Some((qo, ko, vo)))
 }
 
+/// The self-check's cases, `(head width, rows, scaled RoPE)`: every one a
+/// shape the kernel takes (the first version also had one-row and 37-row
+/// cases, which it refuses, so the whole check reported "did not run").
+const SELF_CHECK_CASES: [(i32, i32, bool); 5] = [
+    (64, 2, false),
+    (64, 5, true),
+    (128, 5, false),
+    (32, 16, false),
+    (128, 3, true),
+];
+
 /// The kernel against the ops path on this device: random q/k/v sliced from
 /// one fused projection (so strided, as in a model), q/k norms with random
 /// weights, RoPE at offset 1,000 plain and with a period table, over head
 /// widths 32, 64, 128 and 2 to 16 rows. Returns the worst
-/// `max |kernel − ops| ÷ max |ops|` per dtype (f32, then bf16), or `None`
-/// where the kernel does not run (no CUDA).
+/// `max |kernel − ops| ÷ max |ops|` per dtype (f32, then bf16), infinite
+/// for a case the kernel refused; `None` where it does not run (no CUDA, or
+/// `MTP_FUSED_HEADS=0`).
 pub(crate) fn self_check() -> Result<Option<(f32, f32)>> {
     use mlx_tensor::random;
     let rand = |shape: &[i32], seed: u64| -> Result<Array> {
         Ok(random::normal(shape, Dtype::Float32, &random::key(seed)?)?)
     };
-    if !crate::models::sdpa::on_cuda() {
+    if !crate::models::sdpa::on_cuda() || !crate::switch::get(&ENABLED, "MTP_FUSED_HEADS", true) {
         return Ok(None);
     }
     let mut worst = [0.0f32; 2];
     for (dtype, slot) in [(Dtype::Float32, 0), (Dtype::Bfloat16, 1)] {
-        for (d, l, scaled) in [
-            (64, 1, false),
-            (64, 5, true),
-            (128, 5, false),
-            (32, 37, false),
-            (128, 1, true),
-        ] {
+        for (d, l, scaled) in SELF_CHECK_CASES {
             let (hq, hkv) = (8, 2);
             let fused =
                 rand(&[1, l, (hq + 2 * hkv) * d], 11 + d as u64 + l as u64)?.as_type(dtype)?;
@@ -365,7 +371,10 @@ pub(crate) fn self_check() -> Result<Option<(f32, f32)>> {
             let offset = 1000;
             let norms = (Some(&qn), Some(&kn));
             let Some((qo, ko, vo)) = kernel(&q, &k, &v, norms, &rope, offset)? else {
-                return Ok(None);
+                // Every case is one the kernel takes: a refusal is a failure,
+                // never a check that silently did not run.
+                worst[slot] = f32::INFINITY;
+                continue;
             };
             let (wq, wk, wv) = by_ops(&q, &k, &v, norms, &rope, offset)?;
             let want = [wq, wk, wv];
@@ -381,6 +390,15 @@ pub(crate) fn self_check() -> Result<Option<(f32, f32)>> {
 mod tests {
     use super::*;
     use crate::config::RopeScaling;
+
+    /// The self-check has only shapes the kernel takes, so a refusal there
+    /// is a failure and never a check that did not run.
+    #[test]
+    fn the_self_check_only_has_cases_the_kernel_takes() {
+        for (d, l, _) in SELF_CHECK_CASES {
+            assert!(takes(l, d), "width {d}, {l} rows");
+        }
+    }
 
     /// The widths and row counts the kernel is given: 32 and multiples of 64
     /// up to 256 (96 or 160 would pair the wrong RoPE features), 2–16 rows.
