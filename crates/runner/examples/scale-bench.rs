@@ -13,8 +13,9 @@
 //! * `kind: "kernel-unit"` (CUDA only, first), one per kernel and dtype: our
 //!   CUDA kernels against the ops they replace on random inputs
 //!   (`runner::kernel_checks`: the fused heads in f32 and bf16, the few-rows
-//!   matmul in bf16), `kernel`, `dtype`, `rel_err` (worst difference ÷ output
-//!   range), `tolerance`; the run stops when one is past its tolerance.
+//!   matmul and the short-query attention in bf16), `kernel`, `dtype`,
+//!   `rel_err` (worst difference ÷ output range), `tolerance`; the run stops
+//!   when one is past its tolerance.
 //! * `kind: "attention-time"` (bf16 on a GPU): one attention call's time at
 //!   the model's heads over 1,000 keys, `path` (`short`: our kernels,
 //!   `explicit`) and `rows` (2–5, 8, 16): `us_per_call`, the median over
