@@ -18,7 +18,10 @@
 //! then one shallower; from plain, the drafting depth the model rates best)
 //! so stale estimates get refreshed; the interval doubles
 //! while probes leave the choice alone and resets when the choice moves (a
-//! session's next request keeps the interval reached).
+//! session's next request keeps the interval reached). Once plain is
+//! settled, a probe also waits until its modelled excess over plain is at
+//! most 2 % of the time since the last one, so where drafting costs far more
+//! than it commits, auto stays near plain's speed.
 //! Each decision is logged at `debug` level and each round at `trace` level
 //! (target `runner::depth`).
 
@@ -61,6 +64,13 @@ const STALL_FACTOR: f64 = 3.0;
 /// interval doubles up to while probes leave it alone.
 const PROBE_MIN: u64 = 8;
 const PROBE_MAX: u64 = 64;
+/// The most of its time settled plain decoding spends on probing drafting
+/// depths: where a drafted round costs several plain tokens' time, a probe
+/// waits longer than [`PROBE_MAX`] rounds (a GPU process whose draft steps
+/// ran at half speed lost ~10 % against plain to probes every 64 tokens;
+/// see `depth/sim.rs`). Only settled plain: elsewhere a probe may be what
+/// corrects a wrong rating, which the budget would trust.
+const PROBE_BUDGET: f64 = 0.02;
 
 /// The share of a request's acceptance evidence the next request of the
 /// same session starts with: about ten rounds' worth, so a new text takes
@@ -233,10 +243,7 @@ impl DepthController {
         // Probe a neighbour: one deeper refreshes the acceptance of the next
         // position, one shallower the cost of cheaper rounds. Until the choice
         // moves, each probe waits twice as long as the last.
-        self.since_probe = 0;
-        self.probe_every = (self.probe_every * 2).min(PROBE_MAX);
         let up = (self.probe_up || best == 0) && best < max;
-        self.probe_up = !up;
         let k = match (up, best) {
             // From plain, the drafting depth the model rates best: one
             // deeper (depth 1) may lose alone while deeper ones pay, as on
@@ -244,24 +251,50 @@ impl DepthController {
             // depth, and early dear rounds may have condemned those.
             // Every other probe from plain, so depth 1's own measurements
             // keep a noisy line from luring plain away.
-            (true, 0) => {
-                self.probe_far = !self.probe_far;
-                if self.probe_far {
-                    best_of(1).unwrap_or(1)
-                } else {
-                    1
-                }
-            }
+            (true, 0) if !self.probe_far => best_of(1).unwrap_or(1),
+            (true, 0) => 1,
             (true, _) => best + 1,
-            (false, 0) => return (best, Reason::Best),
+            (false, 0) => best,
             (false, _) => best - 1,
         };
+        // Once plain has stayed the choice through probes up to the longest
+        // interval, a probe the model rates far worse waits until it costs
+        // at most `PROBE_BUDGET` of the time spent since the last one.
+        let settled_plain = best == 0 && self.probe_every >= PROBE_MAX;
+        if settled_plain && k != best && (self.since_probe as f64) < self.plain_probe_spacing(k) {
+            return (best, Reason::Best);
+        }
+        self.since_probe = 0;
+        self.probe_every = (self.probe_every * 2).min(PROBE_MAX);
+        self.probe_up = !up;
+        if k == best {
+            return (best, Reason::Best);
+        }
         if best == 0 {
+            self.probe_far = !self.probe_far;
             // The first drafted round after plain steps is not timed (see
             // `record`): draft twice so the probe measures a cost.
             self.probe = Some((k, 0));
         }
         (k, Reason::Probe)
+    }
+
+    /// Plain tokens after which a probe of drafting depth `k` costs at most
+    /// [`PROBE_BUDGET`] of the time they took: the probe's two rounds (the
+    /// first carries the drafter's catch-up) over the plain time of the
+    /// tokens they are expected to commit, over a plain token's cost. Zero
+    /// while either cost is unknown.
+    fn plain_probe_spacing(&self, k: usize) -> f64 {
+        let costs = self.cost.costs();
+        let e = expected_committed(&self.acceptance.rates());
+        let (Some(plain), Some(ck), Some(&ek)) = (
+            costs.first().copied().flatten(),
+            costs.get(k).copied().flatten(),
+            e.get(k),
+        ) else {
+            return 0.0;
+        };
+        2.0 * (ck - ek * plain).max(0.0) / (PROBE_BUDGET * plain)
     }
 
     fn log(&self, k: usize, reason: Reason) {
