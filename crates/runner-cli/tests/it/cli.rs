@@ -71,7 +71,7 @@ fn streamed_text_equals_json_text_and_stdin_works() {
         .spawn()
         .unwrap();
     child.stdin.take().unwrap().write_all(b"abc").unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = common::output_within(child);
     assert_eq!(out.status.code(), Some(0));
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(s["token_ids"], j["token_ids"]);
@@ -195,7 +195,7 @@ fn ctrl_c_exits_130_after_printing_what_was_generated() {
         .status()
         .unwrap();
     assert!(kill.success());
-    let out = child.wait_with_output().unwrap();
+    let out = common::output_within(child);
     assert_eq!(out.status.code(), Some(130));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["finish_reason"], "cancelled");

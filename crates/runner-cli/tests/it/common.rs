@@ -6,7 +6,9 @@
 use std::ffi::OsStr;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use runner::testing::{Fixture, write_checkpoint};
 
@@ -54,6 +56,54 @@ pub(crate) fn generate_args<'a, P: AsRef<Path> + ?Sized>(
     v
 }
 
+/// How long one child of a test may live before its [`Watchdog`] kills it:
+/// far above the slowest child on a loaded 2-core machine, far below CI's limit.
+pub(crate) const CHILD_DEADLINE: Duration = Duration::from_secs(600);
+
+/// Kills a child that outlives [`CHILD_DEADLINE`], so a hang (a lost signal,
+/// a reply that never ends) fails its test with a message instead of
+/// stalling the whole run until CI's limit. Disarmed when dropped: keep it
+/// alive until the child has been waited for.
+pub(crate) struct Watchdog {
+    done: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl Watchdog {
+    /// Arms a watchdog over `child`.
+    #[allow(clippy::print_stderr)]
+    pub(crate) fn new(child: &Child) -> Watchdog {
+        let done = Arc::new((Mutex::new(false), Condvar::new()));
+        let pid = child.id().to_string();
+        let d = Arc::clone(&done);
+        std::thread::spawn(move || {
+            let (lock, cv) = &*d;
+            let guard = lock.lock().unwrap();
+            let (guard, _) = cv
+                .wait_timeout_while(guard, CHILD_DEADLINE, |done| !*done)
+                .unwrap();
+            if !*guard {
+                eprintln!("test watchdog: pid {pid} outlived {CHILD_DEADLINE:?}; killing it");
+                let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            }
+        });
+        Watchdog { done }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.done;
+        *lock.lock().unwrap() = true;
+        cv.notify_all();
+    }
+}
+
+/// `child`'s output, waited for under a [`Watchdog`].
+pub(crate) fn output_within(child: Child) -> Output {
+    let _dog = Watchdog::new(&child);
+    child.wait_with_output().unwrap()
+}
+
 /// Runs the binary with `args`, `stdin` written and closed; stdout and stderr captured.
 pub(crate) fn run_with_stdin<S: AsRef<OsStr>>(args: &[S], stdin: &[u8]) -> Output {
     let mut child = Command::new(BIN)
@@ -63,8 +113,11 @@ pub(crate) fn run_with_stdin<S: AsRef<OsStr>>(args: &[S], stdin: &[u8]) -> Outpu
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let dog = Watchdog::new(&child);
     child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
+    let out = child.wait_with_output().unwrap();
+    drop(dog);
+    out
 }
 
 /// Runs the binary with `args` and an empty stdin.

@@ -159,6 +159,7 @@ fn non_utf8_input_is_a_usage_error_naming_the_offset() {
 /// test waits on events (never on time).
 struct Watched {
     child: Child,
+    _dog: common::Watchdog,
     stderr: Receiver<String>,
     stdout: Receiver<Vec<u8>>,
 }
@@ -193,6 +194,7 @@ impl Watched {
             }
         });
         Watched {
+            _dog: common::Watchdog::new(&child),
             child,
             stderr,
             stdout,
@@ -305,6 +307,10 @@ fn ctrl_c_in_interactive_chat_cancels_only_the_current_turn() {
     let mut w = Watched::spawn(&["chat", "--model", model, "-n", "300000"]);
     for (turn, message) in [(1, "Tell me a story\n"), (2, "And then?\n")] {
         w.send(message);
+        // The turn clears the flag before it logs this line: a Ctrl-C sent
+        // earlier (while stdout still held the last turn's text, say) would be
+        // spent at the prompt and leave this turn running for 300,000 tokens.
+        w.stderr_line("generating a reply");
         w.some_stdout();
         w.interrupt();
         let line = w.stderr_line("interrupted: ");

@@ -183,6 +183,7 @@ fn ctrl_c_while_loading_exits_130_at_once() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let _dog = crate::common::Watchdog::new(&child);
     let mut err = BufReader::new(child.stderr.take().unwrap());
     let mut seen = String::new();
     // The device line comes after the handler is installed, before loading.

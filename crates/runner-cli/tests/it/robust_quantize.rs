@@ -61,7 +61,10 @@ fn two_runs_into_one_folder_one_wins_the_other_fails_clearly() {
             .unwrap()
     };
     let (a, b) = (spawn(), spawn());
-    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let (a, b) = (
+        crate::common::output_within(a),
+        crate::common::output_within(b),
+    );
     let codes = [a.status.code(), b.status.code()];
     let loser = if codes[0] == Some(0) { &b } else { &a };
     assert!(
@@ -124,7 +127,7 @@ fn ctrl_c_while_quantizing_leaves_nothing() {
         .status()
         .unwrap();
     assert!(ok.success());
-    let o = child.wait_with_output().unwrap();
+    let o = crate::common::output_within(child);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(130), "stderr: {err}");
     assert!(
