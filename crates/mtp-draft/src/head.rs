@@ -59,6 +59,18 @@ pub trait DraftHead {
     fn flush_rows(&self, rows: usize) -> usize {
         rows
     }
+
+    /// The most buffered pairs one flush forward may take when the draft
+    /// caches sit at `at`. A flush of more pairs runs as several forwards,
+    /// each starting where the last one ended, so that a head can bound a
+    /// flush's scratch memory (its attention grows with rows × keys, and a
+    /// session that stays at depth 0 flushes [`crate::PENDING_FLUSH_PAIRS`]
+    /// pairs at a time). Values below 1 are taken as 1. The default takes
+    /// every buffered pair in one forward.
+    fn flush_span(&self, at: usize) -> usize {
+        let _ = at;
+        usize::MAX
+    }
 }
 
 /// A boxed head is a head, so a runner can hold `Drafter<Box<dyn DraftHead>>`
@@ -86,5 +98,9 @@ impl<H: DraftHead + ?Sized> DraftHead for Box<H> {
 
     fn flush_rows(&self, rows: usize) -> usize {
         (**self).flush_rows(rows)
+    }
+
+    fn flush_span(&self, at: usize) -> usize {
+        (**self).flush_span(at)
     }
 }

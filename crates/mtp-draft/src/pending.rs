@@ -15,6 +15,8 @@ pub const PENDING_FLUSH_PAIRS: usize = 256;
 pub(crate) struct Pending {
     tokens: PinSet,
     hiddens: PinSet,
+    /// Each buffered run's length, in order.
+    lens: Vec<usize>,
     /// Pairs across all buffered runs (the sum of their lengths).
     count: usize,
 }
@@ -24,6 +26,7 @@ impl Pending {
     pub(crate) fn push(&mut self, tokens: &Array, hiddens: &Array, n: usize) {
         self.tokens.push(tokens);
         self.hiddens.push(hiddens);
+        self.lens.push(n);
         self.count += n;
     }
 
@@ -32,22 +35,53 @@ impl Pending {
         self.count
     }
 
-    /// The buffered runs joined into one `[m]` token run and `[m, H]` hiddens;
-    /// the pins stay until [`Pending::clear`].
-    pub(crate) fn joined(&self) -> Result<(Array, Array)> {
-        Ok((join(&self.tokens)?, join(&self.hiddens)?))
+    /// Pairs `start..start + n` of the buffered runs as one `[n]` token run
+    /// and `[n, H]` hiddens (copies of only those pairs, or the run itself
+    /// when it is exactly one run); the pins stay until [`Pending::clear`].
+    pub(crate) fn span(&self, start: usize, n: usize) -> Result<(Array, Array)> {
+        assert!(
+            n > 0 && start + n <= self.count,
+            "mtp-draft: pairs {start}..{} of {} buffered",
+            start + n,
+            self.count
+        );
+        let (mut toks, mut hids) = (Vec::new(), Vec::new());
+        let mut first = 0;
+        for ((t, h), &len) in self
+            .tokens
+            .arrays()
+            .zip(self.hiddens.arrays())
+            .zip(&self.lens)
+        {
+            let (lo, hi) = (start.max(first), (start + n).min(first + len));
+            if lo < hi {
+                if hi - lo == len {
+                    toks.push(t.clone());
+                    hids.push(h.clone());
+                } else {
+                    let (a, b) = ((lo - first) as i32, (hi - first) as i32);
+                    toks.push(t.slice_axis(0, a, b)?);
+                    hids.push(h.slice_axis(0, a, b)?);
+                }
+            }
+            first += len;
+            if first >= start + n {
+                break;
+            }
+        }
+        Ok((join(toks)?, join(hids)?))
     }
 
     /// Releases the buffered pairs.
     pub(crate) fn clear(&mut self) {
         self.tokens.clear();
         self.hiddens.clear();
+        self.lens.clear();
         self.count = 0;
     }
 }
 
-fn join(set: &PinSet) -> Result<Array> {
-    let parts: Vec<Array> = set.arrays().cloned().collect();
+fn join(parts: Vec<Array>) -> Result<Array> {
     Ok(match parts.as_slice() {
         [one] => one.clone(),
         _ => ops::concatenate(&parts, 0)?,

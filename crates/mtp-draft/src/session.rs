@@ -164,18 +164,54 @@ impl<'d, H: DraftHead> DraftSession<'d, H> {
     }
 
     /// Drops the speculative entries past the committed offset, then writes
-    /// the buffered pairs to the draft caches in one head forward. Afterwards
-    /// the caches sit exactly at [`DraftSession::committed_offset`].
+    /// the buffered pairs to the draft caches in head forwards of at most
+    /// [`DraftHead::flush_span`] pairs each. Afterwards the caches sit
+    /// exactly at [`DraftSession::committed_offset`].
     pub fn flush(&mut self) -> Result<()> {
         self.drop_speculative()?;
         let m = self.pending.count();
         if m == 0 {
             return Ok(());
         }
-        let (ids, hiddens) = self.pending.joined()?;
+        let mut done = 0;
+        while done < m {
+            let at = self.committed_offset;
+            let span = self.head.flush_span(at).clamp(1, m - done);
+            let (ids, hiddens) = self.pending.span(done, span)?;
+            let out = self.forward_span(&ids, &hiddens, span)?;
+            done += span;
+            let row = |a: &Array| a.slice_axis(0, span as i32 - 1, span as i32);
+            self.held = Some(Held {
+                out: row(&out.out)?.pin(),
+                hidden: row(&out.hidden)?.pin(),
+            });
+            self.committed_offset += span;
+            self.assert_caches_at(self.committed_offset, "after a flush");
+            // Start the writes now: a session that never drafts would otherwise
+            // keep the whole flush graph, and every hidden it reads, until
+            // close; and a span's scratch is freed before the next one runs.
+            let mut state: Vec<Array> = self.head.caches().iter().flat_map(|c| c.state()).collect();
+            if let Some(held) = &self.held {
+                state.push(held.out.array().clone());
+                state.push(held.hidden.array().clone());
+            }
+            if done < m {
+                mlx_tensor::eval(&state)?;
+            } else {
+                mlx_tensor::async_eval(&state)?;
+            }
+            tracing::trace!(at, pairs = span, "mtp-draft flush");
+        }
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// One flush forward over `m` pairs at the committed offset, padded to
+    /// [`DraftHead::flush_rows`] rows when the head asks for more.
+    fn forward_span(&mut self, ids: &Array, hiddens: &Array, m: usize) -> Result<HeadOutput> {
         let at = self.committed_offset;
         let rows = self.head.flush_rows(m).max(m);
-        let out = if rows > m {
+        if rows > m {
             // Padding: copies of the last pair, rewound after the forward.
             let repeat = |a: &Array| -> Result<Array> {
                 let last = a.slice_axis(0, m as i32 - 1, m as i32)?;
@@ -183,7 +219,7 @@ impl<'d, H: DraftHead> DraftSession<'d, H> {
                 parts.extend(std::iter::repeat_n(last, rows - m));
                 Ok(ops::concatenate(&parts, 0)?)
             };
-            let out = self.head.forward(&repeat(&ids)?, &repeat(&hiddens)?, at)?;
+            let out = self.head.forward(&repeat(ids)?, &repeat(hiddens)?, at)?;
             check_output(&out, rows)?;
             for (i, cache) in self.head.caches_mut().iter_mut().enumerate() {
                 let rewound = cache.restore(None, at + m)?;
@@ -192,30 +228,12 @@ impl<'d, H: DraftHead> DraftSession<'d, H> {
                     "mtp-draft: draft cache {i} asked for padded flushes but cannot rewind"
                 );
             }
-            out
+            Ok(out)
         } else {
-            let out = self.head.forward(&ids, &hiddens, at)?;
+            let out = self.head.forward(ids, hiddens, at)?;
             check_output(&out, m)?;
-            out
-        };
-        let row = |a: &Array| a.slice_axis(0, m as i32 - 1, m as i32);
-        self.held = Some(Held {
-            out: row(&out.out)?.pin(),
-            hidden: row(&out.hidden)?.pin(),
-        });
-        self.committed_offset += m;
-        self.assert_caches_at(self.committed_offset, "after a flush");
-        // Start the writes now: a session that never drafts would otherwise
-        // keep the whole flush graph, and every hidden it reads, until close.
-        let mut state: Vec<Array> = self.head.caches().iter().flat_map(|c| c.state()).collect();
-        if let Some(held) = &self.held {
-            state.push(held.out.array().clone());
-            state.push(held.hidden.array().clone());
+            Ok(out)
         }
-        mlx_tensor::async_eval(&state)?;
-        self.pending.clear();
-        tracing::trace!(at, pairs = m, "mtp-draft flush");
-        Ok(())
     }
 
     /// Flushes what is buffered and leaves the draft caches at the committed

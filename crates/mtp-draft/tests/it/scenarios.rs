@@ -77,6 +77,52 @@ fn a_padded_flush_drafts_from_its_last_real_row_and_drops_the_padding() {
     sim.assert_paired(&log.borrow().stream, sim.pos);
 }
 
+/// A head bounding its flushes (`DraftHead::flush_span`) gets a long
+/// committed run as consecutive forwards of at most that many pairs, each
+/// at the offset where the last ended (padded when it asks), and drafts as
+/// after one forward: the same drafts and the same cache contents.
+#[test]
+fn a_flush_longer_than_the_heads_span_runs_as_consecutive_forwards() {
+    let prompt: Vec<u32> = (1..=12).collect();
+    let run = |span: usize, pad: bool| {
+        let (mut head, log) = FakeHead::cached(Model::default());
+        head.flush_span = span;
+        head.pad_flushes = pad;
+        let mut drafter = Drafter::new(head);
+        let mut s = drafter.open();
+        let mut sim = Sim::new(Model::default());
+        sim.prefill(&mut s, &prompt);
+        let round = sim.round(&mut s, 3).expect("a primed drafter proposes");
+        sim.finish(s);
+        assert_eq!(drafter.head().cache_offset(), Some(sim.pos));
+        sim.assert_paired(&log.borrow().stream, sim.pos);
+        let calls = log.borrow().calls.clone();
+        (round.drafts, calls)
+    };
+    let (whole, calls) = run(usize::MAX, false);
+    assert_eq!(
+        calls[0],
+        call(0, &prompt[1..], &(0..11).collect::<Vec<_>>())
+    );
+    for (span, pad) in [(4, false), (4, true), (5, true), (1, false), (0, false)] {
+        let (drafts, calls) = run(span, pad);
+        assert_eq!(drafts, whole, "span {span}, padded {pad}");
+        let width = span.max(1);
+        // 11 prefill pairs in spans of `width`, then the draft steps.
+        let mut at = 0;
+        for c in calls.iter().take(11usize.div_ceil(width)) {
+            let n = width.min(11 - at);
+            // Padding repeats the last pair.
+            let rows = if pad { n.next_power_of_two() } else { n };
+            let ids: Vec<u32> = (0..rows).map(|i| (at + 2 + i.min(n - 1)) as u32).collect();
+            let slots: Vec<i32> = (0..rows).map(|i| (at + i.min(n - 1)) as i32).collect();
+            assert_eq!(*c, call(at, &ids, &slots), "span {span}, padded {pad}");
+            at += n;
+        }
+        assert_eq!(at, 11);
+    }
+}
+
 #[test]
 fn mismatch_rebuilds_the_rejected_slots_from_target_hiddens() {
     let (head, log) = FakeHead::cached(Model::default());

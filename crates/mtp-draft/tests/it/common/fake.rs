@@ -70,6 +70,8 @@ pub(crate) struct FakeHead {
     pub log: Rc<RefCell<Log>>,
     /// Asks for flushes padded to a power of two ([`DraftHead::flush_rows`]).
     pub pad_flushes: bool,
+    /// The most pairs one flush forward takes ([`DraftHead::flush_span`]).
+    pub flush_span: usize,
 }
 
 impl fmt::Debug for FakeHead {
@@ -96,6 +98,7 @@ impl FakeHead {
             caches,
             log: log.clone(),
             pad_flushes: false,
+            flush_span: usize::MAX,
         };
         (head, log)
     }
@@ -186,5 +189,9 @@ impl DraftHead for FakeHead {
         } else {
             rows
         }
+    }
+
+    fn flush_span(&self, _at: usize) -> usize {
+        self.flush_span
     }
 }

@@ -43,6 +43,58 @@ pub(crate) struct MtpHead {
     /// One KV cache: the block's attention over earlier draft slots.
     caches: Vec<Box<dyn Cache>>,
     hidden_size: i32,
+    /// What bounds a flush forward's rows ([`DraftHead::flush_span`]).
+    flush: FlushBudget,
+}
+
+/// A flush forward's scratch memory, estimated per row, and its budget.
+///
+/// A row of a forward at `k` keys holds its attention scores and
+/// probabilities (`2 · heads · k` floats) and its feed-forward and
+/// projection activations (`3 · intermediate + 6 · hidden` floats), counted
+/// at 4 bytes whatever the dtype. The budget is [`FLUSH_SCRATCH_SHARE`] of
+/// the head's own weight bytes (its projection, block and unembedding):
+/// never more than that share of the model, whose trunk is larger than its
+/// head, so a session that stays at depth 0 (256 pairs a flush) peaks within
+/// a few percent of plain decoding at any context.
+#[derive(Debug, Clone, Copy)]
+struct FlushBudget {
+    bytes: usize,
+    per_key: usize,
+    per_row: usize,
+}
+
+/// The share of the head's weight bytes one flush forward's scratch may
+/// take: on tiny-mtp in f32 at 1,900 keys about 6 rows (0.8 % of plain
+/// decoding's peak; 256 rows took 24.6 %).
+const FLUSH_SCRATCH_SHARE: f64 = 1.0 / 32.0;
+
+impl FlushBudget {
+    fn new(c: &ModelConfig, weight_bytes: usize) -> FlushBudget {
+        FlushBudget {
+            bytes: (weight_bytes as f64 * FLUSH_SCRATCH_SHARE) as usize,
+            per_key: 4 * 2 * c.num_attention_heads,
+            per_row: 4 * (3 * c.intermediate_size + 6 * c.hidden_size),
+        }
+    }
+
+    /// The most rows whose scratch fits the budget when the cache holds
+    /// `at` keys (row `r` attends `at + r + 1`); at least 1.
+    fn rows(&self, at: usize) -> usize {
+        // Rows r: per_row·r + per_key·(at·r + r²) ≤ bytes, taking r² for
+        // the keys the rows add themselves (an over-estimate by half).
+        let (a, b, c) = (
+            self.per_key as f64,
+            (self.per_row + self.per_key * at) as f64,
+            self.bytes as f64,
+        );
+        let r = if a > 0.0 {
+            (-b + (b * b + 4.0 * a * c).sqrt()) / (2.0 * a)
+        } else {
+            c / b.max(1.0)
+        };
+        (r.floor() as usize).max(1)
+    }
 }
 
 impl MtpHead {
@@ -139,7 +191,7 @@ impl MtpHead {
             Some(weight) => Linear::from_weight(&weight, None, linear)?,
             None => lm_head.clone(),
         };
-        let head = MtpHead {
+        let mut head = MtpHead {
             layout,
             embed: embed.clone(),
             embed_norm,
@@ -152,7 +204,13 @@ impl MtpHead {
             rope: rope.clone(),
             caches: vec![Box::new(KvCache::new())],
             hidden_size: h as i32,
+            flush: FlushBudget {
+                bytes: 0,
+                per_key: 0,
+                per_row: 0,
+            },
         };
+        head.flush = FlushBudget::new(c, head.weight_bytes());
         if !w.is_dry() {
             mlx_tensor::eval(&head.arrays())?;
         }
@@ -174,6 +232,21 @@ impl MtpHead {
             rope: self.rope.clone(),
             caches: vec![Box::new(KvCache::new())],
             hidden_size: self.hidden_size,
+            flush: self.flush,
+        }
+    }
+
+    /// The bytes of the weights a draft step reads: the projection, the
+    /// block and the unembedding.
+    fn weight_bytes(&self) -> usize {
+        self.arrays().iter().map(Array::nbytes).sum()
+    }
+
+    /// Keeps the flush budget's share after the weights changed.
+    fn rebudget(&mut self, was: usize) {
+        let now = self.weight_bytes();
+        if was > 0 {
+            self.flush.bytes = (self.flush.bytes as f64 * now as f64 / was as f64) as usize;
         }
     }
 
@@ -199,6 +272,7 @@ impl MtpHead {
         if let Some(block) = self.block.quantized(p)? {
             head.block = block;
         }
+        head.rebudget(self.weight_bytes());
         mlx_tensor::eval(&head.arrays())?;
         Ok(head)
     }
@@ -236,6 +310,7 @@ impl MtpHead {
         let mut head = self.fresh();
         head.lm_head = self.lm_head.output_rows(&ids)?;
         head.vocab_map = Some(Array::from_slice(&map, &[width])?);
+        head.rebudget(self.weight_bytes());
         mlx_tensor::eval(&head.arrays())?;
         Ok(head)
     }
@@ -332,6 +407,11 @@ impl DraftHead for MtpHead {
         &mut self.caches
     }
 
+    /// Bounded by the head's scratch budget (see [`FlushBudget`]).
+    fn flush_span(&self, at: usize) -> usize {
+        self.flush.rows(at)
+    }
+
     /// Under shape buckets, a prefill-sized flush runs over the bucketed row
     /// count the target's prefill chunks use (see `Target::prefill_chunk`);
     /// flushes longer than a default chunk keep their length.
@@ -386,5 +466,45 @@ impl HeadBlock for GatedLayer {
 
     fn quantized(&self, p: QuantParams) -> Result<Option<Rc<dyn HeadBlock>>> {
         Ok(Some(Rc::new(self.quantized_copy(p)?)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FlushBudget;
+
+    /// The scratch `rows` rows at offset `at` are estimated to take.
+    fn scratch(b: &FlushBudget, at: usize, rows: usize) -> usize {
+        rows * b.per_row + b.per_key * (at * rows + rows * rows)
+    }
+
+    #[test]
+    fn flush_spans_fit_the_budget_shrink_with_the_context_and_never_stop() {
+        // tiny-mtp in f32: 8 heads, intermediate 1536, hidden 512; ~1 MB.
+        let b = FlushBudget {
+            bytes: 1 << 20,
+            per_key: 4 * 2 * 8,
+            per_row: 4 * (3 * 1536 + 6 * 512),
+        };
+        let mut last = usize::MAX;
+        for at in [0, 1, 100, 1_900, 32_768, 1 << 20] {
+            let r = b.rows(at);
+            assert!(r >= 1 && r <= last, "at {at}: {r} rows after {last}");
+            if r > 1 {
+                assert!(scratch(&b, at, r) <= b.bytes, "at {at}: {r} rows overflow");
+            }
+            assert!(
+                scratch(&b, at, r + 1) > b.bytes,
+                "at {at}: {r} rows, but one more fits"
+            );
+            last = r;
+        }
+        assert_eq!(
+            b.rows(1 << 20),
+            1,
+            "a huge context still flushes a row at a time"
+        );
+        let none = FlushBudget { bytes: 0, ..b };
+        assert_eq!(none.rows(0), 1);
     }
 }
