@@ -93,6 +93,7 @@ ArrPtr gather_mm(const Arr& a, const Arr& b, bool has_lhs, const Arr& lhs, bool 
                  bool sorted);
 // `x @ w.T` for 1-8 rows on the CPU (cpp/rows_cpu.cc).
 ArrPtr rows_matmul_t(const Arr& x, const Arr& w);
+ArrPtr attention_rows_cpu(const Arr& q, const Arr& k, const Arr& v, float scale);
 ArrPtr gather_qmm(const Arr& x, const Arr& w, const Arr& scales, const Arr& biases, bool has_lhs, const Arr& lhs,
                   bool has_rhs, const Arr& rhs, bool transpose, int32_t group_size, int32_t bits, bool sorted);
 

@@ -471,6 +471,29 @@ pub fn rows_matmul_t(x: &Array, w: &Array) -> Result<Array> {
     check(sys::rows_matmul_t(x.raw(), w.raw())).map(Array::wrap)
 }
 
+/// The most query rows [`attention_rows_cpu`] takes.
+pub const ATTENTION_ROWS_MAX_ROWS: i32 = 16;
+/// The widest head [`attention_rows_cpu`] takes.
+pub const ATTENTION_ROWS_MAX_DIM: i32 = 256;
+
+/// `softmax(q kᵀ · scale + causal) v` for `q: [1, Hq, L, D]` (1 to
+/// [`ATTENTION_ROWS_MAX_ROWS`] rows, `D` up to [`ATTENTION_ROWS_MAX_DIM`])
+/// over `k, v: [1, Hkv, S, D]` with `Hq` a multiple of `Hkv` and `S ≥ L`:
+/// query `i` sees keys `0..=S-L+i` (all of them for one row). On the CPU
+/// (the default device must be the CPU); output `[1, Hq, L, D]` in q's dtype.
+///
+/// Our own MLX primitive (`cpp/rows_cpu.cc`): it reads each key and value
+/// row in place (a strided slice of a cache buffer is fine) once per query
+/// row, where MLX's CPU attention runs BLAS GEMMs that copy and pack the
+/// keys every call and a scalar exponential per score. f32, bf16 or f16
+/// operands of one dtype; f32 accumulation and softmax. Each (head, row) is
+/// computed alone in a fixed order, so row `i` of an `L`-row call equals the
+/// one-row call at its position bit for bit.
+#[track_caller]
+pub fn attention_rows_cpu(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
+    check(sys::attention_rows_cpu(q.raw(), k.raw(), v.raw(), scale)).map(Array::wrap)
+}
+
 /// A batched matmul whose operands are gathered first: `a[lhs] @ b[rhs]`
 /// over the batch axes (MLX `gather_mm`).
 ///

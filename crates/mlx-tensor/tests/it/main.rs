@@ -3,6 +3,7 @@
 
 mod common;
 
+mod attention_rows;
 mod dtype;
 mod errors;
 mod eval;

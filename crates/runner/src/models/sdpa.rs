@@ -36,10 +36,13 @@ pub enum AttentionPath {
     /// so the key length only changes when the buffer grows (256 slots).
     /// Kept for measurement; see docs/bench.
     Padded,
+    /// Our CPU kernel for 1–16 query rows (`ops::attention_rows_cpu`) on
+    /// the CPU, MLX's fused attention elsewhere. What `auto` picks on the CPU.
+    CpuRows,
 }
 
 impl AttentionPath {
-    /// Parses `auto`, `fused`, `explicit`, `short`, `padded`.
+    /// Parses `auto`, `fused`, `explicit`, `short`, `padded`, `cpu-rows`.
     pub fn parse(s: &str) -> Option<AttentionPath> {
         Some(match s {
             "auto" => AttentionPath::Auto,
@@ -47,6 +50,7 @@ impl AttentionPath {
             "explicit" => AttentionPath::Explicit,
             "short" => AttentionPath::Short,
             "padded" => AttentionPath::Padded,
+            "cpu-rows" => AttentionPath::CpuRows,
             _ => return None,
         })
     }
@@ -161,6 +165,7 @@ pub(crate) enum Kernel {
     Explicit,
     Short,
     Padded,
+    CpuRows,
 }
 
 /// The query shape one attention call sees: rows, heads, KV heads, head
@@ -176,12 +181,16 @@ pub(crate) struct Shape {
 
 /// The kernel for one attention call of shape `s` in `dtype`.
 pub(crate) fn choose(s: Shape, dtype: Dtype) -> Kernel {
+    let path = attention_path();
+    if matches!(path, AttentionPath::Auto | AttentionPath::CpuRows) && cpu_rows_applies(s) {
+        return Kernel::CpuRows;
+    }
     if s.rows <= 1 {
         return Kernel::Fused;
     }
     let short = || short_sdpa::applies(s.rows, s.heads, s.kv_heads, s.head_dim, dtype);
-    match attention_path() {
-        AttentionPath::Fused => Kernel::Fused,
+    match path {
+        AttentionPath::Fused | AttentionPath::CpuRows => Kernel::Fused,
         AttentionPath::Explicit => Kernel::Explicit,
         AttentionPath::Short if short() => Kernel::Short,
         AttentionPath::Short => Kernel::Explicit,
@@ -203,6 +212,22 @@ pub(crate) fn choose(s: Shape, dtype: Dtype) -> Kernel {
             }
         }
     }
+}
+
+/// Whether our CPU attention takes shape `s`: new work runs on the CPU, and
+/// the rows and head width are within `ops::attention_rows_cpu`'s limits.
+///
+/// Why: MLX's CPU backend runs its fused attention as separate ops (BLAS
+/// GEMMs that copy and pack the cache's key slice every call, a scalar
+/// exponential per score); on tiny-mtp a decode step at 640 keys cost
+/// 2.2 ms more than at 2 keys. One row goes to our kernel too, so a verify
+/// row's attention equals the one-row step's bit for bit.
+fn cpu_rows_applies(s: Shape) -> bool {
+    mlx_tensor::default_device() == mlx_tensor::Device::Cpu
+        && (1..=ops::ATTENTION_ROWS_MAX_ROWS).contains(&s.rows)
+        && (1..=ops::ATTENTION_ROWS_MAX_DIM).contains(&s.head_dim)
+        && s.kv_heads > 0
+        && s.heads % s.kv_heads == 0
 }
 
 /// True when new work runs on MLX's CUDA backend (a GPU that is not Metal).
@@ -387,18 +412,36 @@ mod tests {
     }
 
     #[test]
-    fn auto_keeps_one_row_fused() {
-        let shape = |rows| Shape {
+    fn auto_takes_the_cpu_kernel_on_the_cpu_and_keeps_one_gpu_row_fused() {
+        let shape = |rows, head_dim| Shape {
             rows,
             keys: 1000,
             heads: 32,
             kv_heads: 8,
-            head_dim: 128,
+            head_dim,
         };
-        assert_eq!(choose(shape(1), Dtype::Bfloat16), Kernel::Fused);
-        // This machine has no CUDA: auto stays fused for several rows too.
-        if !on_cuda() {
-            assert_eq!(choose(shape(5), Dtype::Bfloat16), Kernel::Fused);
+        let on_cpu = mlx_tensor::default_device() == mlx_tensor::Device::Cpu;
+        for rows in [1, 5, 16] {
+            let want = if on_cpu {
+                Kernel::CpuRows
+            } else if rows == 1 {
+                Kernel::Fused
+            } else {
+                choose(shape(rows, 128), Dtype::Bfloat16)
+            };
+            assert_eq!(
+                choose(shape(rows, 128), Dtype::Bfloat16),
+                want,
+                "{rows} rows"
+            );
+        }
+        // Past the kernel's limits: MLX's fused attention on the CPU.
+        if on_cpu {
+            assert_eq!(choose(shape(17, 128), Dtype::Float32), Kernel::Fused);
+            assert_eq!(choose(shape(4, 512), Dtype::Float32), Kernel::Fused);
+            set_attention_path(AttentionPath::Fused);
+            assert_eq!(choose(shape(4, 128), Dtype::Float32), Kernel::Fused);
+            set_attention_path(AttentionPath::Auto);
         }
     }
 }
