@@ -454,31 +454,67 @@ inline void axpy_portable(float p, const T* v, int d, float* out) {
 }
 
 #ifdef MTP_X86
+// The query heads `group` of KV head `g` at one row, on AVX2, over dense key
+// and value rows (`D` a multiple of 8): each key and value row is read once
+// for the whole group (the reads, not the arithmetic, bound attention at
+// long contexts). Each head's dot products run in two 8-lane accumulators
+// (even and odd blocks), its output's `D` lanes in registers across the keys;
+// a head's result does not depend on the group around it.
 template <typename T>
-__attribute__((target("avx2,fma,f16c"))) inline float dot_avx2(const float* q, const T* k, int d) {
-  __m256 acc = _mm256_setzero_ps();
-  const int d8 = d - d % 8;
-  for (int c = 0; c < d8; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), load8(k + c), acc);
-  alignas(32) float a[8];
-  _mm256_store_ps(a, acc);
-  float s = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-  for (int c = d8; c < d; ++c) s = std::fma(q[c], widen(k[c]), s);
-  return s;
-}
-
-template <typename T>
-__attribute__((target("avx2,fma,f16c"))) inline void axpy_avx2(float p, const T* v, int d, float* out) {
-  const __m256 pv = _mm256_set1_ps(p);
-  const int d8 = d - d % 8;
-  for (int c = 0; c < d8; c += 8) {
-    _mm256_storeu_ps(out + c, _mm256_fmadd_ps(pv, load8(v + c), _mm256_loadu_ps(out + c)));
+__attribute__((target("avx2,fma,f16c"))) void attend_group_avx2(const float* q, int group, const View4<T>& k,
+                                                                 const View4<T>& v, int g, int keys, int d,
+                                                                 float scale, float* scores, float* out) {
+  const int blocks = d / 8;
+  std::vector<float> mx(static_cast<size_t>(group), -INFINITY);
+  for (int j = 0; j < keys; ++j) {
+    const T* kr = k.row(g, j);
+    for (int h = 0; h < group; ++h) {
+      const float* qh = q + static_cast<size_t>(h) * d;
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+      int b = 0;
+      for (; b + 1 < blocks; b += 2) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * b), load8(kr + 8 * b), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * b + 8), load8(kr + 8 * b + 8), a1);
+      }
+      if (b < blocks) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * b), load8(kr + 8 * b), a0);
+      alignas(32) float a[8];
+      _mm256_store_ps(a, _mm256_add_ps(a0, a1));
+      const float sc = scale * (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])));
+      scores[static_cast<size_t>(h) * keys + j] = sc;
+      mx[h] = std::max(mx[h], sc);
+    }
   }
-  for (int c = d8; c < d; ++c) out[c] = std::fma(p, widen(v[c]), out[c]);
+  std::vector<float> sum(static_cast<size_t>(group), 0.0f);
+  for (int h = 0; h < group; ++h) {
+    float* sh = scores + static_cast<size_t>(h) * keys;
+    for (int j = 0; j < keys; ++j) {
+      const float e = std::exp(sh[j] - mx[h]);
+      sh[j] = e;
+      sum[h] += e;
+    }
+  }
+  for (int c = 0; c < group * d; ++c) out[c] = 0.0f;
+  for (int j = 0; j < keys; ++j) {
+    const T* vr = v.row(g, j);
+    for (int h = 0; h < group; ++h) {
+      const __m256 p = _mm256_set1_ps(scores[static_cast<size_t>(h) * keys + j]);
+      float* oh = out + static_cast<size_t>(h) * d;
+      for (int b = 0; b < blocks; ++b) {
+        _mm256_storeu_ps(oh + 8 * b, _mm256_fmadd_ps(p, load8(vr + 8 * b), _mm256_loadu_ps(oh + 8 * b)));
+      }
+    }
+  }
+  for (int h = 0; h < group; ++h) {
+    const __m256 inv = _mm256_set1_ps(1.0f / sum[h]);
+    float* oh = out + static_cast<size_t>(h) * d;
+    for (int b = 0; b < blocks; ++b) _mm256_storeu_ps(oh + 8 * b, _mm256_mul_ps(_mm256_loadu_ps(oh + 8 * b), inv));
+  }
 }
 #endif
 
-// One (query head, row): `keys` visible keys of KV head `g`.
-template <typename T, bool AVX>
+// One (query head, row): `keys` visible keys of KV head `g`, portable (any
+// strides and head width).
+template <typename T>
 void attend_one(const float* q, const View4<T>& k, const View4<T>& v, int g, int keys, int d, float scale,
                 float* scores, float* vrow, float* out) {
   const bool dense = k.s3 == 1 && v.s3 == 1;
@@ -487,15 +523,7 @@ void attend_one(const float* q, const View4<T>& k, const View4<T>& v, int g, int
     const T* kr = k.row(g, j);
     float s;
     if (dense) {
-#ifdef MTP_X86
-      if constexpr (AVX) {
-        s = dot_avx2(q, kr, d);
-      } else {
-        s = dot_portable(q, kr, d);
-      }
-#else
       s = dot_portable(q, kr, d);
-#endif
     } else {
       widen_row(kr, k.s3, d, vrow);
       s = dot_portable(q, vrow, d);
@@ -514,15 +542,7 @@ void attend_one(const float* q, const View4<T>& k, const View4<T>& v, int g, int
   for (int j = 0; j < keys; ++j) {
     const T* vr = v.row(g, j);
     if (dense) {
-#ifdef MTP_X86
-      if constexpr (AVX) {
-        axpy_avx2(scores[j], vr, d, out);
-      } else {
-        axpy_portable(scores[j], vr, d, out);
-      }
-#else
       axpy_portable(scores[j], vr, d, out);
-#endif
     } else {
       widen_row(vr, v.s3, d, vrow);
       axpy_portable(scores[j], vrow, d, out);
@@ -535,30 +555,45 @@ void attend_one(const float* q, const View4<T>& k, const View4<T>& v, int g, int
 template <typename T>
 void attention_rows(View4<T> q, View4<T> k, View4<T> v, T* op, int hq, int hkv, int l, int s, int d, float scale) {
   const int group = hq / hkv;
-  const int tasks_total = hq * l;
-  const size_t work = static_cast<size_t>(tasks_total) * s * d;
-  auto task = [&](int t) {
+  const size_t work = static_cast<size_t>(hq) * l * s * d;
+#ifdef MTP_X86
+  // One path for the whole call, so every row of it takes the same one.
+  const bool fast = has_avx2() && d % 8 == 0 && k.s3 == 1 && v.s3 == 1;
+#else
+  const bool fast = false;
+#endif
+  auto write = [&](int h, int i, const float* out) {
+    T* o = op + (static_cast<size_t>(h) * l + i) * d;
+    for (int c = 0; c < d; ++c) narrow(out[c], o + c);
+  };
+  // The fast path: a task per (KV head, row), its group of query heads together.
+  auto group_task = [&](int t) {
+    const int g = t / l, i = t % l;
+    const int keys = s - l + i + 1;
+    std::vector<float> qrows(static_cast<size_t>(group) * d), out(static_cast<size_t>(group) * d);
+    std::vector<float> scores(static_cast<size_t>(group) * keys);
+    for (int h = 0; h < group; ++h) widen_row(q.row(g * group + h, i), q.s3, d, qrows.data() + h * d);
+#ifdef MTP_X86
+    attend_group_avx2<T>(qrows.data(), group, k, v, g, keys, d, scale, scores.data(), out.data());
+#endif
+    for (int h = 0; h < group; ++h) write(g * group + h, i, out.data() + h * d);
+  };
+  // The portable path: a task per (query head, row).
+  auto head_task = [&](int t) {
     const int h = t / l, i = t % l;
     const int keys = s - l + i + 1;
     std::vector<float> scores(static_cast<size_t>(keys));
     float qrow[kAttnMaxDim], vrow[kAttnMaxDim], out[kAttnMaxDim];
     widen_row(q.row(h, i), q.s3, d, qrow);
-#ifdef MTP_X86
-    if (has_avx2()) {
-      attend_one<T, true>(qrow, k, v, h / group, keys, d, scale, scores.data(), vrow, out);
-    } else {
-      attend_one<T, false>(qrow, k, v, h / group, keys, d, scale, scores.data(), vrow, out);
-    }
-#else
-    attend_one<T, false>(qrow, k, v, h / group, keys, d, scale, scores.data(), vrow, out);
-#endif
-    T* o = op + (static_cast<size_t>(h) * l + i) * d;
-    for (int c = 0; c < d; ++c) narrow(out[c], o + c);
+    attend_one<T>(qrow, k, v, h / group, keys, d, scale, scores.data(), vrow, out);
+    write(h, i, out);
   };
+  const int tasks = fast ? hkv * l : hq * l;
+  const std::function<void(int)> task = fast ? std::function<void(int)>(group_task) : std::function<void(int)>(head_task);
   if (work < kAttnParallel) {
-    for (int t = 0; t < tasks_total; ++t) task(t);
+    for (int t = 0; t < tasks; ++t) task(t);
   } else {
-    Pool::get().run(tasks_total, task);
+    Pool::get().run(tasks, task);
   }
 }
 
