@@ -242,12 +242,9 @@ impl MtpHead {
         self.arrays().iter().map(Array::nbytes).sum()
     }
 
-    /// Keeps the flush budget's share after the weights changed.
-    fn rebudget(&mut self, was: usize) {
-        let now = self.weight_bytes();
-        if was > 0 {
-            self.flush.bytes = (self.flush.bytes as f64 * now as f64 / was as f64) as usize;
-        }
+    /// The flush budget's bytes for the weights the head holds now.
+    fn rebudget(&mut self) {
+        self.flush.bytes = (self.weight_bytes() as f64 * FLUSH_SCRATCH_SHARE) as usize;
     }
 
     /// A copy whose drafting weights are affine-quantized to `p`: its
@@ -272,7 +269,7 @@ impl MtpHead {
         if let Some(block) = self.block.quantized(p)? {
             head.block = block;
         }
-        head.rebudget(self.weight_bytes());
+        head.rebudget();
         mlx_tensor::eval(&head.arrays())?;
         Ok(head)
     }
@@ -310,7 +307,7 @@ impl MtpHead {
         let mut head = self.fresh();
         head.lm_head = self.lm_head.output_rows(&ids)?;
         head.vocab_map = Some(Array::from_slice(&map, &[width])?);
-        head.rebudget(self.weight_bytes());
+        head.rebudget();
         mlx_tensor::eval(&head.arrays())?;
         Ok(head)
     }
