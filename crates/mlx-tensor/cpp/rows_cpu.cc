@@ -410,9 +410,11 @@ class RowsMatmulT : public mx::Primitive {
 // than at 2 keys, for 0.65 M multiply-adds. This reads each key and value
 // row once, in place, per query row.
 //
-// Each (query head, row) output is computed on its own, in one fixed order
-// over the keys and in 8-lane partials summed in a fixed tree, so row `i` of
-// an `L`-row call equals the one-row call at its position bit for bit.
+// Each (query head, row) output is computed in one fixed order over the keys,
+// its dot products in 8-lane partials summed in a fixed tree, the same
+// whatever the row count (a call takes one path, AVX2 or portable, for all
+// its rows), so row `i` of an `L`-row call equals the one-row call at its
+// position bit for bit.
 // Accumulation and the softmax are f32; the output is rounded to q's dtype.
 
 constexpr int kAttnMaxRows = 16;
@@ -458,8 +460,8 @@ inline void axpy_portable(float p, const T* v, int d, float* out) {
 // and value rows (`D` a multiple of 8): each key and value row is read once
 // for the whole group (the reads, not the arithmetic, bound attention at
 // long contexts). Each head's dot products run in two 8-lane accumulators
-// (even and odd blocks), its output's `D` lanes in registers across the keys;
-// a head's result does not depend on the group around it.
+// (even and odd blocks, two FMA chains in flight), added before the lane
+// tree; a head's result does not depend on the group around it.
 template <typename T>
 __attribute__((target("avx2,fma,f16c"))) void attend_group_avx2(const float* q, int group, const View4<T>& k,
                                                                  const View4<T>& v, int g, int keys, int d,
