@@ -6,6 +6,9 @@
 //! [--shape NAME] [--dtype f32|bf16] [--depths auto,4,3,2,1] [--tokens N]
 //! [--ttft-tokens 1000,600] [--profile-depth 3|1,2,3,4|none] [--passes N] [--deadline-s S]`
 //!
+//! With `RUST_LOG` set (e.g. `runner::depth=trace`) the runner's logs go to
+//! stderr: the auto controller's decisions and rounds.
+//!
 //! `--prompts` is a JSON array of strings; each prompt is id 0 (`<|endoftext|>`,
 //! where training documents start) then the text's tokens, the ids
 //! `mlx_lm_scale.py` uses too. One JSON line per result, `"bench":"spec-scale"`:
@@ -358,6 +361,15 @@ fn decode_row(
 // A benchmark binary: notes go to stderr, results to stdout.
 #[allow(clippy::print_stderr)]
 fn main() -> Res<()> {
+    // `RUST_LOG=runner::depth=trace` logs the auto controller's decisions
+    // and rounds to stderr (the rows stay on stdout).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
+    }
     let start = Instant::now();
     let mut args = std::env::args().skip(1);
     let (mut model, mut prompts_file, mut shape) = (None, None, String::from("?"));
