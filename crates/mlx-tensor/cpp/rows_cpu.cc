@@ -62,6 +62,9 @@ class Pool {
     return *pool;
   }
 
+  // Threads a job runs on: the workers and the caller.
+  int threads() const { return workers_ + 1; }
+
   void run(int count, const std::function<void(int)>& task) {
     if (count <= 1 || workers_ == 0) {
       for (int i = 0; i < count; ++i) task(i);
@@ -456,22 +459,33 @@ inline void axpy_portable(float p, const T* v, int d, float* out) {
 }
 
 #ifdef MTP_X86
-// The query heads `group` of KV head `g` at one row, on AVX2, over dense key
-// and value rows (`D` a multiple of 8): each key and value row is read once
-// for the whole group (the reads, not the arithmetic, bound attention at
-// long contexts). Each head's dot products run in two 8-lane accumulators
-// (even and odd blocks, two FMA chains in flight), added before the lane
-// tree; a head's result does not depend on the group around it.
+// The query heads `group` of KV head `g` at `rows` consecutive query rows, on
+// AVX2, over dense key and value rows (`D` a multiple of 8): row `r` sees
+// the first `first_keys + r` keys (causal). Each key and value row is read
+// once for every row and head of the call: the reads, not the arithmetic,
+// bound attention at long contexts, and a verify's rows would otherwise
+// read the whole cache once each. `q` holds row `r`, head `h` at
+// `(r * group + h) * d`; `out` likewise. Each (row, head) pair has its own
+// running max, sum and output, updated key by key in the same order and by
+// the same operations whatever the rows and heads around it: dot products
+// in two 8-lane accumulators (even and odd blocks, two FMA chains in
+// flight), added before the lane tree. So a row's result is bit for bit the
+// one a one-row call at its position gives.
 template <typename T>
-__attribute__((target("avx2,fma,f16c"))) void attend_group_avx2(const float* q, int group, const View4<T>& k,
-                                                                 const View4<T>& v, int g, int keys, int d,
-                                                                 float scale, float* scores, float* out) {
+__attribute__((target("avx2,fma,f16c"))) void attend_group_avx2(const float* q, int rows, int group,
+                                                                 const View4<T>& k, const View4<T>& v, int g,
+                                                                 int first_keys, int d, float scale, float* scores,
+                                                                 float* out) {
   const int blocks = d / 8;
-  std::vector<float> mx(static_cast<size_t>(group), -INFINITY);
-  for (int j = 0; j < keys; ++j) {
+  const int pairs = rows * group;
+  const int keys_max = first_keys + rows - 1;
+  // The first row that sees key `j`.
+  const auto first_row = [&](int j) { return std::max(0, j - first_keys + 1); };
+  std::vector<float> mx(static_cast<size_t>(pairs), -INFINITY);
+  for (int j = 0; j < keys_max; ++j) {
     const T* kr = k.row(g, j);
-    for (int h = 0; h < group; ++h) {
-      const float* qh = q + static_cast<size_t>(h) * d;
+    for (int p = first_row(j) * group; p < pairs; ++p) {
+      const float* qh = q + static_cast<size_t>(p) * d;
       __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
       int b = 0;
       for (; b + 1 < blocks; b += 2) {
@@ -482,34 +496,35 @@ __attribute__((target("avx2,fma,f16c"))) void attend_group_avx2(const float* q, 
       alignas(32) float a[8];
       _mm256_store_ps(a, _mm256_add_ps(a0, a1));
       const float sc = scale * (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])));
-      scores[static_cast<size_t>(h) * keys + j] = sc;
-      mx[h] = std::max(mx[h], sc);
+      scores[static_cast<size_t>(p) * keys_max + j] = sc;
+      mx[p] = std::max(mx[p], sc);
     }
   }
-  std::vector<float> sum(static_cast<size_t>(group), 0.0f);
-  for (int h = 0; h < group; ++h) {
-    float* sh = scores + static_cast<size_t>(h) * keys;
+  std::vector<float> sum(static_cast<size_t>(pairs), 0.0f);
+  for (int p = 0; p < pairs; ++p) {
+    float* sp = scores + static_cast<size_t>(p) * keys_max;
+    const int keys = first_keys + p / group;
     for (int j = 0; j < keys; ++j) {
-      const float e = std::exp(sh[j] - mx[h]);
-      sh[j] = e;
-      sum[h] += e;
+      const float e = std::exp(sp[j] - mx[p]);
+      sp[j] = e;
+      sum[p] += e;
     }
   }
-  for (int c = 0; c < group * d; ++c) out[c] = 0.0f;
-  for (int j = 0; j < keys; ++j) {
+  for (size_t c = 0; c < static_cast<size_t>(pairs) * d; ++c) out[c] = 0.0f;
+  for (int j = 0; j < keys_max; ++j) {
     const T* vr = v.row(g, j);
-    for (int h = 0; h < group; ++h) {
-      const __m256 p = _mm256_set1_ps(scores[static_cast<size_t>(h) * keys + j]);
-      float* oh = out + static_cast<size_t>(h) * d;
+    for (int p = first_row(j) * group; p < pairs; ++p) {
+      const __m256 e = _mm256_set1_ps(scores[static_cast<size_t>(p) * keys_max + j]);
+      float* op = out + static_cast<size_t>(p) * d;
       for (int b = 0; b < blocks; ++b) {
-        _mm256_storeu_ps(oh + 8 * b, _mm256_fmadd_ps(p, load8(vr + 8 * b), _mm256_loadu_ps(oh + 8 * b)));
+        _mm256_storeu_ps(op + 8 * b, _mm256_fmadd_ps(e, load8(vr + 8 * b), _mm256_loadu_ps(op + 8 * b)));
       }
     }
   }
-  for (int h = 0; h < group; ++h) {
-    const __m256 inv = _mm256_set1_ps(1.0f / sum[h]);
-    float* oh = out + static_cast<size_t>(h) * d;
-    for (int b = 0; b < blocks; ++b) _mm256_storeu_ps(oh + 8 * b, _mm256_mul_ps(_mm256_loadu_ps(oh + 8 * b), inv));
+  for (int p = 0; p < pairs; ++p) {
+    const __m256 inv = _mm256_set1_ps(1.0f / sum[p]);
+    float* op = out + static_cast<size_t>(p) * d;
+    for (int b = 0; b < blocks; ++b) _mm256_storeu_ps(op + 8 * b, _mm256_mul_ps(_mm256_loadu_ps(op + 8 * b), inv));
   }
 }
 #endif
@@ -568,17 +583,30 @@ void attention_rows(View4<T> q, View4<T> k, View4<T> v, T* op, int hq, int hkv, 
     T* o = op + (static_cast<size_t>(h) * l + i) * d;
     for (int c = 0; c < d; ++c) narrow(out[c], o + c);
   };
-  // The fast path: a task per (KV head, row), its group of query heads together.
+  // The fast path: a task per KV head and block of consecutive rows, its
+  // group of query heads together; rows go in one block unless the KV heads
+  // are too few to occupy every thread.
+  const int row_blocks = std::clamp((Pool::get().threads() + hkv - 1) / hkv, 1, l);
+  const int block_rows = (l + row_blocks - 1) / row_blocks;
   auto group_task = [&](int t) {
-    const int g = t / l, i = t % l;
-    const int keys = s - l + i + 1;
-    std::vector<float> qrows(static_cast<size_t>(group) * d), out(static_cast<size_t>(group) * d);
-    std::vector<float> scores(static_cast<size_t>(group) * keys);
-    for (int h = 0; h < group; ++h) widen_row(q.row(g * group + h, i), q.s3, d, qrows.data() + h * d);
+    const int g = t / row_blocks, i0 = (t % row_blocks) * block_rows;
+    const int rows = std::min(block_rows, l - i0);
+    if (rows <= 0) return;
+    const int first_keys = s - l + i0 + 1;
+    const size_t pairs = static_cast<size_t>(rows) * group;
+    std::vector<float> qrows(pairs * d), out(pairs * d);
+    std::vector<float> scores(pairs * (first_keys + rows - 1));
+    for (int r = 0; r < rows; ++r) {
+      for (int h = 0; h < group; ++h) {
+        widen_row(q.row(g * group + h, i0 + r), q.s3, d, qrows.data() + (static_cast<size_t>(r) * group + h) * d);
+      }
+    }
 #ifdef MTP_X86
-    attend_group_avx2<T>(qrows.data(), group, k, v, g, keys, d, scale, scores.data(), out.data());
+    attend_group_avx2<T>(qrows.data(), rows, group, k, v, g, first_keys, d, scale, scores.data(), out.data());
 #endif
-    for (int h = 0; h < group; ++h) write(g * group + h, i, out.data() + h * d);
+    for (int r = 0; r < rows; ++r) {
+      for (int h = 0; h < group; ++h) write(g * group + h, i0 + r, out.data() + (static_cast<size_t>(r) * group + h) * d);
+    }
   };
   // The portable path: a task per (query head, row).
   auto head_task = [&](int t) {
@@ -590,7 +618,7 @@ void attention_rows(View4<T> q, View4<T> k, View4<T> v, T* op, int hq, int hkv, 
     attend_one<T>(qrow, k, v, h / group, keys, d, scale, scores.data(), vrow, out);
     write(h, i, out);
   };
-  const int tasks = fast ? hkv * l : hq * l;
+  const int tasks = fast ? hkv * row_blocks : hq * l;
   const std::function<void(int)> task = fast ? std::function<void(int)>(group_task) : std::function<void(int)>(head_task);
   if (work < kAttnParallel) {
     for (int t = 0; t < tasks; ++t) task(t);

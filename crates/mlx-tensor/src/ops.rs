@@ -483,8 +483,9 @@ pub const ATTENTION_ROWS_MAX_DIM: i32 = 256;
 /// (the default device must be the CPU); output `[1, Hq, L, D]` in q's dtype.
 ///
 /// Our own MLX primitive (`cpp/rows_cpu.cc`): it reads each key and value
-/// row in place (a strided slice of a cache buffer is fine) once per query
-/// row, where MLX's CPU attention runs BLAS GEMMs that copy and pack the
+/// row in place (a strided slice of a cache buffer is fine), on AVX2 once
+/// for all the query rows and heads of a KV head (a verify's rows would
+/// otherwise read the cache once each), where MLX's CPU attention runs BLAS GEMMs that copy and pack the
 /// keys every call and a scalar exponential per score. f32, bf16 or f16
 /// operands of one dtype; f32 accumulation and softmax. Each (head, row) is
 /// computed alone in a fixed order, so row `i` of an `L`-row call equals the
