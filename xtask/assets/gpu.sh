@@ -13,6 +13,8 @@
 #   bash .gpu/bundle/pN/gpu.sh spec-scale   setup + xtask bench spec-scale (builds the 1.7b/8b/0.6b
 #                                      upscales in /tmp, runs the whole matrix within MTP_SCALE_BUDGET_S,
 #                                      default 560 s) -> $OUT/results-spec-scale.json, spec-scale-rows.jsonl
+#   bash .gpu/bundle/pN/gpu.sh check-scale  setup + check + the spec-scale matrix (bf16 with mlx-lm plain unless
+#                                      MTP_SCALE_ARGS says otherwise) in what is left of MTP_SCALE_BUDGET_S
 # Environment: OUT (results folder; default .gpu/out), MTP_STAGE, MTP_DEST (default /tmp/mtp),
 # MTP_NV (the torch venv's site-packages/nvidia), MLX_PTX_CACHE_DIR (default /tmp/ptxcache);
 # for spec-scale: MTP_SCALE_BUDGET_S (whole step, setup included), MTP_SCALE_STAGE_CAP_S (most
@@ -94,13 +96,11 @@ bench() {
   "$DEST/bin/xtask" bench --out "$OUT/results-gpu.json" --no-report
 }
 
-spec_scale() {
-  local t0=$SECONDS rc=0
-  setup
-  nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
+# The spec-scale matrix within BUDGET seconds (the bundle already unpacked).
+scale_matrix() {
+  local budget=$1 rc=0
   env_for_run
-  local budget=$((${MTP_SCALE_BUDGET_S:-560} - (SECONDS - t0)))
-  say "spec-scale: ${budget} s left for the matrix after setup"
+  say "spec-scale: ${budget} s left for the matrix"
   # shellcheck disable=SC2086
   timeout --signal=TERM $((budget + 20)) "$DEST/bin/xtask" bench spec-scale \
     --out "$OUT/results-spec-scale.json" --no-report --rows "$OUT/spec-scale-rows.jsonl" \
@@ -108,6 +108,27 @@ spec_scale() {
     --work "${MTP_SCALE_WORK:-/tmp/mtp-scale}" ${MTP_SCALE_ARGS:-} 2>&1 | tee "$OUT/spec-scale.log" || rc=${PIPESTATUS[0]}
   say "spec-scale: exit $rc; results in $OUT: results-spec-scale.json, spec-scale-rows.jsonl, spec-scale.log"
   return "$rc"
+}
+
+spec_scale() {
+  local t0=$SECONDS
+  setup
+  nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
+  scale_matrix $((${MTP_SCALE_BUDGET_S:-560} - (SECONDS - t0)))
+}
+
+# One call that checks and measures: setup, gpu-check, then the spec-scale matrix in what is left of
+# MTP_SCALE_BUDGET_S (by default bf16 only with mlx-lm plain: the must-show figures). Exit status:
+# gpu-check's when it failed, else the matrix's.
+check_scale() {
+  local t0=$SECONDS check_rc=0 scale_rc=0
+  setup
+  nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
+  check 2>&1 | tee "$OUT/gpu-check.log" || check_rc=${PIPESTATUS[0]}
+  MTP_SCALE_ARGS=${MTP_SCALE_ARGS:---dtypes bf16 --mlx-lm-plain} \
+    scale_matrix $((${MTP_SCALE_BUDGET_S:-560} - (SECONDS - t0))) || scale_rc=$?
+  if [ "$check_rc" -ne 0 ]; then return "$check_rc"; fi
+  return "$scale_rc"
 }
 
 run() {
@@ -123,7 +144,8 @@ run() {
 case "${1:-}" in
   stage | setup | check | bench | run) "$1" ;;
   spec-scale) spec_scale ;;
+  check-scale) check_scale ;;
   # exec CMD...: CMD with the run environment (after setup), for probes of one's own.
   exec) shift; env_for_run; "$@" ;;
-  *) echo "usage: bash $0 stage|run|setup|check|bench|spec-scale|exec CMD..." >&2; exit 2 ;;
+  *) echo "usage: bash $0 stage|run|setup|check|bench|spec-scale|check-scale|exec CMD..." >&2; exit 2 ;;
 esac
