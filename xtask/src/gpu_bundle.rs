@@ -183,6 +183,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
 }
 
 /// Prints the part sizes, the travelling-tree check and the exact device calls.
+// Long: the printed text itself, one block per way of using the parts.
 fn report(root: &Path, rel: &Path, dirs: &[PathBuf], total: u64, commit: &str) -> Result<()> {
     let tree = tree_bytes(root)?;
     let mib = |b: u64| b as f64 / f64::from(1 << 20);
