@@ -411,7 +411,9 @@ class RowsMatmulT : public mx::Primitive {
 // one and packs it, every call), a scalar exponential per score, a softmax
 // and a second GEMM. On tiny-mtp a decode step at 640 keys cost 2.2 ms more
 // than at 2 keys, for 0.65 M multiply-adds. This reads each key and value
-// row once, in place, per query row.
+// row in place: on AVX2 once for all the query rows and heads of its KV head
+// (once per block of rows when the work is split over threads), else once
+// per query row.
 //
 // Each (query head, row) output is computed in one fixed order over the keys,
 // its dot products in 8-lane partials summed in a fixed tree, the same
@@ -583,15 +585,17 @@ void attention_rows(View4<T> q, View4<T> k, View4<T> v, T* op, int hq, int hkv, 
     T* o = op + (static_cast<size_t>(h) * l + i) * d;
     for (int c = 0; c < d; ++c) narrow(out[c], o + c);
   };
+  const bool parallel = work >= kAttnParallel;
   // The fast path: a task per KV head and block of consecutive rows, its
-  // group of query heads together; rows go in one block unless the KV heads
-  // are too few to occupy every thread.
-  const int row_blocks = std::clamp((Pool::get().threads() + hkv - 1) / hkv, 1, l);
-  const int block_rows = (l + row_blocks - 1) / row_blocks;
+  // group of query heads together; rows go in one block unless the call is
+  // split over threads and its KV heads are too few to occupy them all
+  // (every block reads the keys and values again).
+  const int want_blocks = parallel ? std::clamp((Pool::get().threads() + hkv - 1) / hkv, 1, l) : 1;
+  const int block_rows = (l + want_blocks - 1) / want_blocks;
+  const int row_blocks = (l + block_rows - 1) / block_rows;
   auto group_task = [&](int t) {
     const int g = t / row_blocks, i0 = (t % row_blocks) * block_rows;
     const int rows = std::min(block_rows, l - i0);
-    if (rows <= 0) return;
     const int first_keys = s - l + i0 + 1;
     const size_t pairs = static_cast<size_t>(rows) * group;
     std::vector<float> qrows(pairs * d), out(pairs * d);
@@ -620,10 +624,10 @@ void attention_rows(View4<T> q, View4<T> k, View4<T> v, T* op, int hq, int hkv, 
   };
   const int tasks = fast ? hkv * row_blocks : hq * l;
   const std::function<void(int)> task = fast ? std::function<void(int)>(group_task) : std::function<void(int)>(head_task);
-  if (work < kAttnParallel) {
-    for (int t = 0; t < tasks; ++t) task(t);
-  } else {
+  if (parallel) {
     Pool::get().run(tasks, task);
+  } else {
+    for (int t = 0; t < tasks; ++t) task(t);
   }
 }
 
