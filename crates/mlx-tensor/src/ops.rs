@@ -471,13 +471,11 @@ pub fn rows_matmul_t(x: &Array, w: &Array) -> Result<Array> {
     check(sys::rows_matmul_t(x.raw(), w.raw())).map(Array::wrap)
 }
 
-/// The most query rows [`attention_rows_cpu`] takes.
-pub const ATTENTION_ROWS_MAX_ROWS: i32 = 16;
 /// The widest head [`attention_rows_cpu`] takes.
 pub const ATTENTION_ROWS_MAX_DIM: i32 = 256;
 
-/// `softmax(q kᵀ · scale + causal) v` for `q: [1, Hq, L, D]` (1 to
-/// [`ATTENTION_ROWS_MAX_ROWS`] rows, `D` up to [`ATTENTION_ROWS_MAX_DIM`])
+/// `softmax(q kᵀ · scale + causal) v` for `q: [1, Hq, L, D]` (any number of
+/// rows: a decode step, a verify, a prefill chunk; `D` up to [`ATTENTION_ROWS_MAX_DIM`])
 /// over `k, v: [1, Hkv, S, D]` with `Hq` a multiple of `Hkv` and `S ≥ L`:
 /// query `i` sees keys `0..=S-L+i` (all of them for one row). On the CPU
 /// (the default device must be the CPU); output `[1, Hq, L, D]` in q's dtype.

@@ -57,7 +57,7 @@ fn values(a: &Array) -> Vec<f32> {
     a.as_type(Dtype::Float32).unwrap().to_vec::<f32>().unwrap()
 }
 
-/// Every dtype, 1–16 rows, grouped and ungrouped heads, head widths 64 and
+/// Every dtype, 1–40 rows (past 16 a prefill chunk's rows go in blocks), grouped and ungrouped heads, head widths 64 and
 /// 20 (a tail), keys from as many as the rows to past the size that splits
 /// the work over threads; the keys and values are the first `s` slots of a
 /// larger cache buffer (strided across heads). f32 within 2e-6 of the f64
@@ -70,7 +70,7 @@ fn attention_rows_matches_a_float64_reference_in_every_dtype() {
         (Dtype::Float16, 2e-3),
     ] {
         for (hq, hkv, d) in [(8, 4, 64), (4, 4, 20), (6, 1, 32)] {
-            for (l, s) in [(1, 1), (1, 300), (2, 2), (5, 37), (16, 700)] {
+            for (l, s) in [(1, 1), (1, 300), (2, 2), (5, 37), (16, 700), (40, 90)] {
                 let cap = s + 9;
                 let seed = (hq * 1000 + l * 10 + s) as u64;
                 let q = arr(
@@ -151,7 +151,8 @@ fn bad_attention_shapes_are_errors_naming_the_limits() {
         format!("{}", ops::attention_rows_cpu(q, k, v, 0.125).unwrap_err())
     };
     let kv = a(&[1, 2, 40, 16]);
-    assert!(err(&a(&[1, 4, 17, 16]), &kv, &kv).contains("1 to 16 query rows"));
+    let wide = a(&[1, 2, 40, 264]);
+    assert!(err(&a(&[1, 4, 2, 264]), &wide, &wide).contains("a head width up to 256"));
     assert!(err(&a(&[1, 3, 2, 16]), &kv, &kv).contains("multiple of the KV heads"));
     assert!(err(&a(&[1, 4, 2, 8]), &kv, &kv).contains("do not match"));
     assert!(err(&a(&[4, 2, 16]), &kv, &kv).contains("q [1, Hq, L, D]"));
