@@ -76,6 +76,7 @@ fn run() -> Result<(), String> {
     println!("cargo:rerun-if-changed=cpp/shim.h");
     println!("cargo:rerun-if-changed=cpp/shim.cc");
     println!("cargo:rerun-if-changed=cpp/rows_cpu.cc");
+    println!("cargo:rerun-if-changed=cpp/fused_cpu.cc");
     println!("cargo:rerun-if-changed=src/ffi.rs");
 
     let prefix = match env::var_os("MLX_DIR") {
@@ -124,6 +125,7 @@ fn run() -> Result<(), String> {
     build
         .file("cpp/shim.cc")
         .file("cpp/rows_cpu.cc")
+        .file("cpp/fused_cpu.cc")
         .include(&include)
         .include(env::var("CARGO_MANIFEST_DIR").unwrap() + "/..")
         .std("c++20")

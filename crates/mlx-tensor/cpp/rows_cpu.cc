@@ -319,10 +319,10 @@ inline void narrow(float v, mx::float16_t* o) { *o = mx::float16_t(v); }
 // The whole product for element type `T`: inputs as MLX hands them to a
 // primitive (any strides), output dense `[rows, n]`.
 template <typename T>
-void rows_matmul_t(const T* xp, std::array<int64_t, 2> xs, const T* wp, std::array<int64_t, 2> ws, T* op, int rows,
-                   int n, int k) {
+void rows_matmul_t(const T* xp, const std::vector<int64_t>& x_rows, int64_t x_col, const T* wp,
+                   std::array<int64_t, 2> ws, T* op, int rows, int n, int k) {
   std::vector<float> x(static_cast<size_t>(rows) * k);
-  dense_copy(xp, rows, k, xs[0], xs[1], x.data());
+  for (int r = 0; r < rows; ++r) dense_copy(xp + x_rows[r], 1, k, 0, x_col, x.data() + static_cast<size_t>(r) * k);
   std::vector<T> w_dense;
   const T* w = wp;
   if (!(ws[1] == 1 && ws[0] == k)) {
@@ -364,8 +364,19 @@ class RowsMatmulT : public mx::Primitive {
     enc.set_input_array(x);
     enc.set_input_array(w);
     enc.set_output_array(out);
-    const int rows = x.shape(0), k = x.shape(1), n = w.shape(0);
-    const std::array<int64_t, 2> xs{x.strides()[0], x.strides()[1]};
+    const int k = x.shape(-1), n = w.shape(0);
+    const int rows = static_cast<int>(x.size() / k);
+    // Where each row of x starts: its leading axes, any strides.
+    std::vector<int64_t> x_rows(rows);
+    for (int r = 0; r < rows; ++r) {
+      int64_t off = 0;
+      for (int ax = static_cast<int>(x.ndim()) - 2, rest = r; ax >= 0; --ax) {
+        off += static_cast<int64_t>(rest % x.shape(ax)) * x.strides()[ax];
+        rest /= x.shape(ax);
+      }
+      x_rows[r] = off;
+    }
+    const int64_t x_col = x.strides().back();
     const std::array<int64_t, 2> wst{w.strides()[0], w.strides()[1]};
     const void* xp = x.data<void>();
     const void* wp = w.data<void>();
@@ -373,13 +384,13 @@ class RowsMatmulT : public mx::Primitive {
     const mx::Dtype dtype = out.dtype();
     enc.dispatch([=]() {
       if (dtype == mx::float32) {
-        rows_matmul_t(static_cast<const float*>(xp), xs, static_cast<const float*>(wp), wst, static_cast<float*>(op),
+        rows_matmul_t(static_cast<const float*>(xp), x_rows, x_col, static_cast<const float*>(wp), wst, static_cast<float*>(op),
                       rows, n, k);
       } else if (dtype == mx::bfloat16) {
-        rows_matmul_t(static_cast<const mx::bfloat16_t*>(xp), xs, static_cast<const mx::bfloat16_t*>(wp), wst,
+        rows_matmul_t(static_cast<const mx::bfloat16_t*>(xp), x_rows, x_col, static_cast<const mx::bfloat16_t*>(wp), wst,
                       static_cast<mx::bfloat16_t*>(op), rows, n, k);
       } else {
-        rows_matmul_t(static_cast<const mx::float16_t*>(xp), xs, static_cast<const mx::float16_t*>(wp), wst,
+        rows_matmul_t(static_cast<const mx::float16_t*>(xp), x_rows, x_col, static_cast<const mx::float16_t*>(wp), wst,
                       static_cast<mx::float16_t*>(op), rows, n, k);
       }
     });
@@ -396,7 +407,9 @@ class RowsMatmulT : public mx::Primitive {
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {{inputs[0].shape(0), inputs[1].shape(0)}};
+    mx::Shape s = inputs[0].shape();
+    s.back() = inputs[1].shape(0);
+    return {s};
   }
 };
 
@@ -576,8 +589,11 @@ void attend_one(const float* q, const View4<T>& k, const View4<T>& v, int g, int
   for (int c = 0; c < d; ++c) out[c] *= inv;
 }
 
+// `merged`: the output is `[1, L, Hq * D]` (a row's heads side by side, what
+// the output projection takes), else `[1, Hq, L, D]`.
 template <typename T>
-void attention_rows(View4<T> q, View4<T> k, View4<T> v, T* op, int hq, int hkv, int l, int s, int d, float scale) {
+void attention_rows(View4<T> q, View4<T> k, View4<T> v, T* op, int hq, int hkv, int l, int s, int d, float scale,
+                    bool merged) {
   const int group = hq / hkv;
   const size_t work = static_cast<size_t>(hq) * l * s * d;
 #ifdef MTP_X86
@@ -587,7 +603,7 @@ void attention_rows(View4<T> q, View4<T> k, View4<T> v, T* op, int hq, int hkv, 
   const bool fast = false;
 #endif
   auto write = [&](int h, int i, const float* out) {
-    T* o = op + (static_cast<size_t>(h) * l + i) * d;
+    T* o = op + (merged ? static_cast<size_t>(i) * hq + h : static_cast<size_t>(h) * l + i) * d;
     for (int c = 0; c < d; ++c) narrow(out[c], o + c);
   };
   const bool parallel = work >= kAttnParallel;
@@ -638,7 +654,7 @@ void attention_rows(View4<T> q, View4<T> k, View4<T> v, T* op, int hq, int hkv, 
 
 class AttentionRows : public mx::Primitive {
  public:
-  AttentionRows(mx::Stream st, float scale) : mx::Primitive(st), scale_(scale) {}
+  AttentionRows(mx::Stream st, float scale, bool merged) : mx::Primitive(st), scale_(scale), merged_(merged) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array& q = inputs[0];
@@ -662,6 +678,7 @@ class AttentionRows : public mx::Primitive {
     void* op = out.data<void>();
     const mx::Dtype dtype = out.dtype();
     const float scale = scale_;
+    const bool merged = merged_;
     enc.dispatch([=]() {
       auto run = [&](auto tag) {
         using T = decltype(tag);
@@ -669,7 +686,7 @@ class AttentionRows : public mx::Primitive {
         const T* kt = static_cast<const T*>(kp);
         const T* vt = static_cast<const T*>(vp);
         attention_rows<T>(View4<T>{qt, qs[0], qs[1], qs[2]}, View4<T>{kt, ks[0], ks[1], ks[2]},
-                          View4<T>{vt, vs[0], vs[1], vs[2]}, static_cast<T*>(op), hq, hkv, l, s, d, scale);
+                          View4<T>{vt, vs[0], vs[1], vs[2]}, static_cast<T*>(op), hq, hkv, l, s, d, scale, merged);
       };
       if (dtype == mx::float32) {
         run(float{});
@@ -689,15 +706,20 @@ class AttentionRows : public mx::Primitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const AttentionRows*>(&other);
-    return o != nullptr && o->scale_ == scale_;
+    return o != nullptr && o->scale_ == scale_ && o->merged_ == merged_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
+    return {out_shape(inputs[0].shape(), merged_)};
+  }
+
+  static mx::Shape out_shape(const mx::Shape& q, bool merged) {
+    return merged ? mx::Shape{1, q[2], q[1] * q[3]} : q;
   }
 
  private:
   float scale_;
+  bool merged_;
 };
 
 }  // namespace
@@ -707,11 +729,12 @@ ArrPtr rows_matmul_t(const Arr& x, const Arr& w) {
   if (s.device != mx::Device::cpu) {
     throw std::invalid_argument("rows_matmul_t runs on the CPU; the default device is a GPU");
   }
-  if (x.a.ndim() != 2 || w.a.ndim() != 2) {
-    throw std::invalid_argument("rows_matmul_t takes x [rows, k] and w [n, k]; got ranks " +
+  if (x.a.ndim() < 2 || w.a.ndim() != 2) {
+    throw std::invalid_argument("rows_matmul_t takes x [..., rows, k] and w [n, k]; got ranks " +
                                 std::to_string(x.a.ndim()) + " and " + std::to_string(w.a.ndim()));
   }
-  const int rows = x.a.shape(0), k = x.a.shape(1), n = w.a.shape(0);
+  const int k = x.a.shape(-1), n = w.a.shape(0);
+  const int rows = k < 1 ? 0 : static_cast<int>(x.a.size() / k);
   if (rows < 1 || rows > kMaxRows) {
     throw std::invalid_argument("rows_matmul_t takes 1 to " + std::to_string(kMaxRows) + " rows; got " +
                                 std::to_string(rows));
@@ -725,11 +748,13 @@ ArrPtr rows_matmul_t(const Arr& x, const Arr& w) {
   if (w.a.dtype() != d || !(d == mx::float32 || d == mx::bfloat16 || d == mx::float16)) {
     throw std::invalid_argument("rows_matmul_t takes f32, bf16 or f16 operands of one dtype");
   }
+  mx::Shape out = x.a.shape();
+  out.back() = n;
   return std::make_unique<Arr>(
-      mx::array(mx::Shape{rows, n}, d, std::make_shared<RowsMatmulT>(s), std::vector<mx::array>{x.a, w.a}));
+      mx::array(std::move(out), d, std::make_shared<RowsMatmulT>(s), std::vector<mx::array>{x.a, w.a}));
 }
 
-ArrPtr attention_rows_cpu(const Arr& q, const Arr& k, const Arr& v, float scale) {
+ArrPtr attention_rows_cpu(const Arr& q, const Arr& k, const Arr& v, float scale, bool merged) {
   const mx::Stream st = mx::default_stream(mx::default_device());
   if (st.device != mx::Device::cpu) {
     throw std::invalid_argument("attention_rows_cpu runs on the CPU; the default device is a GPU");
@@ -753,7 +778,8 @@ ArrPtr attention_rows_cpu(const Arr& q, const Arr& k, const Arr& v, float scale)
   if (ka.dtype() != dt || va.dtype() != dt || !(dt == mx::float32 || dt == mx::bfloat16 || dt == mx::float16)) {
     throw std::invalid_argument("attention_rows_cpu takes f32, bf16 or f16 operands of one dtype");
   }
-  return std::make_unique<Arr>(mx::array(qa.shape(), dt, std::make_shared<AttentionRows>(st, scale),
+  return std::make_unique<Arr>(mx::array(AttentionRows::out_shape(qa.shape(), merged), dt,
+                                         std::make_shared<AttentionRows>(st, scale, merged),
                                          std::vector<mx::array>{qa, ka, va}));
 }
 

@@ -93,7 +93,12 @@ ArrPtr gather_mm(const Arr& a, const Arr& b, bool has_lhs, const Arr& lhs, bool 
                  bool sorted);
 // `x @ w.T` for 1-8 rows on the CPU (cpp/rows_cpu.cc).
 ArrPtr rows_matmul_t(const Arr& x, const Arr& w);
-ArrPtr attention_rows_cpu(const Arr& q, const Arr& k, const Arr& v, float scale);
+ArrPtr attention_rows_cpu(const Arr& q, const Arr& k, const Arr& v, float scale, bool merged);
+// A layer's elementwise stages on the CPU (cpp/fused_cpu.cc).
+ArrPtr rms_norm_cpu(const Arr& x, const Arr& w, float eps);
+ArrPtr heads_cpu(const Arr& x, bool has_norm, const Arr& norm, float eps, int32_t offset, int32_t rot_dims,
+                 float log2_base, float scale, bool has_freqs, const Arr& freqs, float mscale);
+ArrPtr swiglu_cpu(const Arr& gu);
 ArrPtr gather_qmm(const Arr& x, const Arr& w, const Arr& scales, const Arr& biases, bool has_lhs, const Arr& lhs,
                   bool has_rhs, const Arr& rhs, bool transpose, int32_t group_size, int32_t bits, bool sorted);
 

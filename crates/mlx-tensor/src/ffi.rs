@@ -156,7 +156,29 @@ pub(crate) mod sys {
             bits: i32,
         ) -> Result<UniquePtr<Arr>>;
         fn rows_matmul_t(x: &Arr, w: &Arr) -> Result<UniquePtr<Arr>>;
-        fn attention_rows_cpu(q: &Arr, k: &Arr, v: &Arr, scale: f32) -> Result<UniquePtr<Arr>>;
+        fn attention_rows_cpu(
+            q: &Arr,
+            k: &Arr,
+            v: &Arr,
+            scale: f32,
+            merged: bool,
+        ) -> Result<UniquePtr<Arr>>;
+        fn rms_norm_cpu(x: &Arr, w: &Arr, eps: f32) -> Result<UniquePtr<Arr>>;
+        #[allow(clippy::too_many_arguments)]
+        fn heads_cpu(
+            x: &Arr,
+            has_norm: bool,
+            norm: &Arr,
+            eps: f32,
+            offset: i32,
+            rot_dims: i32,
+            log2_base: f32,
+            scale: f32,
+            has_freqs: bool,
+            freqs: &Arr,
+            mscale: f32,
+        ) -> Result<UniquePtr<Arr>>;
+        fn swiglu_cpu(gu: &Arr) -> Result<UniquePtr<Arr>>;
         fn gather_mm(
             a: &Arr,
             b: &Arr,

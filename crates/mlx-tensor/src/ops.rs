@@ -456,8 +456,10 @@ pub fn quantized_matmul(
 /// The most rows [`rows_matmul_t`] takes.
 pub const ROWS_MATMUL_MAX_ROWS: i32 = 8;
 
-/// `x @ w.T` for `x: [rows, k]` with 1 to [`ROWS_MATMUL_MAX_ROWS`] rows and a
-/// weight `w: [n, k]`, on the CPU (the default device must be the CPU).
+/// `x @ w.T` for `x: [..., k]` (any strides) whose leading axes hold 1 to
+/// [`ROWS_MATMUL_MAX_ROWS`] rows and a weight `w: [n, k]`, giving `[..., n]`,
+/// on the CPU (the default device must be the CPU). Taking the leading axes
+/// as they are spares a model's `[1, L, k]` activations two reshape nodes.
 ///
 /// Our own MLX primitive (`cpp/rows_cpu.cc`): it streams each weight row once
 /// and multiplies it into every input row, on all cores, where BLAS would
@@ -490,7 +492,100 @@ pub const ATTENTION_ROWS_MAX_DIM: i32 = 256;
 /// one-row call at its position bit for bit.
 #[track_caller]
 pub fn attention_rows_cpu(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
-    check(sys::attention_rows_cpu(q.raw(), k.raw(), v.raw(), scale)).map(Array::wrap)
+    check(sys::attention_rows_cpu(
+        q.raw(),
+        k.raw(),
+        v.raw(),
+        scale,
+        false,
+    ))
+    .map(Array::wrap)
+}
+
+/// [`attention_rows_cpu`] with its output as the output projection takes
+/// it, `[1, L, Hq·D]` (each row's heads side by side), written so in place
+/// of a transpose and a reshape node.
+#[track_caller]
+pub fn attention_rows_cpu_merged(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
+    check(sys::attention_rows_cpu(
+        q.raw(),
+        k.raw(),
+        v.raw(),
+        scale,
+        true,
+    ))
+    .map(Array::wrap)
+}
+
+/// `x · rsqrt(mean(x²) + eps) · w` over the last axis of `x` `[..., D]` (any
+/// strides), `w` `[D]` in x's dtype, as one node on the CPU (the default
+/// device must be the CPU).
+///
+/// Our own MLX primitive (`cpp/fused_cpu.cc`): MLX's `fast::rms_norm` falls
+/// back to about nine graph nodes on the CPU, each ~5 µs of host time. The
+/// normalised row is rounded to the dtype before the weight multiplies it,
+/// as MLX's ops round; each row is computed alone, the same way whatever
+/// the row count.
+#[track_caller]
+pub fn rms_norm_cpu(x: &Array, w: &Array, eps: f32) -> Result<Array> {
+    check(sys::rms_norm_cpu(x.raw(), w.raw(), eps)).map(Array::wrap)
+}
+
+/// The rotation [`heads_cpu`] applies: RoPE, half-split, over the first
+/// `dims` features of each head (the rest pass through), at positions
+/// `scale · (offset + row)`; the angle of pair `i` is `position ·
+/// 2^(−i/(dims/2) · log2_base)`, or `position / periods[i]` with a period
+/// table (f32 `[dims / 2]`); the rotated features are multiplied by
+/// `mscale` (YaRN's attention scale; 1 for none).
+#[derive(Debug, Clone, Copy)]
+pub struct HeadsRope<'a> {
+    /// Features rotated from each head's start (even, at most the head width).
+    pub dims: i32,
+    /// The first row's position before `scale` (the cache's offset).
+    pub offset: i32,
+    /// `log2` of the RoPE base (unused with `periods`).
+    pub log2_base: f32,
+    /// The position scale (1 / linear scaling factor).
+    pub scale: f32,
+    /// Per-pair periods (f32 `[dims / 2]`) instead of the base.
+    pub periods: Option<&'a Array>,
+    /// Multiplies the rotated features (1: none).
+    pub mscale: f32,
+}
+
+/// A projection `[1, L, H, D]` (any strides) as the heads attention and the
+/// cache take, `[1, H, L, D]`, in one node on the CPU: each head through the
+/// optional per-head RMSNorm (`norm`: a weight `[D]` in x's dtype and its
+/// eps), then `rope`. A layer calls it for q and for k.
+///
+/// Our own MLX primitive (`cpp/fused_cpu.cc`): on the CPU MLX runs RoPE as
+/// about twenty nodes (its angles recomputed each call) and a norm as about
+/// nine. Every row is computed alone, so a verify row equals the one-row
+/// step's bit for bit.
+#[track_caller]
+pub fn heads_cpu(x: &Array, norm: Option<(&Array, f32)>, rope: HeadsRope<'_>) -> Result<Array> {
+    check(sys::heads_cpu(
+        x.raw(),
+        norm.is_some(),
+        norm.map_or(x, |n| n.0).raw(),
+        norm.map_or(0.0, |n| n.1),
+        rope.offset,
+        rope.dims,
+        rope.log2_base,
+        rope.scale,
+        rope.periods.is_some(),
+        rope.periods.unwrap_or(x).raw(),
+        rope.mscale,
+    ))
+    .map(Array::wrap)
+}
+
+/// `silu(gu[..., :I]) · gu[..., I:]` for `gu` `[..., 2·I]` (any strides), in
+/// f32, rounded once, as one node on the CPU (MLX's ops take five: two
+/// slices, a sigmoid, two multiplies).
+#[track_caller]
+pub fn swiglu_cpu(gu: &Array) -> Result<Array> {
+    check(sys::swiglu_cpu(gu.raw())).map(Array::wrap)
 }
 
 /// A batched matmul whose operands are gathered first: `a[lhs] @ b[rhs]`

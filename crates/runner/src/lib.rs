@@ -108,6 +108,7 @@ pub use files::check_model_folder;
 pub use generate::{FinishReason, GenerateOptions, Generation};
 pub use load::{LoadOptions, LoadedModel, ModelInfo, inspect, load};
 pub use models::Model;
+pub use models::cpu_fused::{set_cpu_fused, set_cpu_fused_heads};
 pub use models::delta_kernel::set_delta_kernel;
 pub use models::dispatch::{
     DEFAULT_LAYER_DISPATCH_EVERY, layer_dispatch, layer_dispatches, set_layer_dispatch,

@@ -2,6 +2,7 @@
 //! and the multi-token-prediction heads built from them.
 
 pub(crate) mod attention;
+pub(crate) mod cpu_fused;
 pub(crate) mod delta_kernel;
 pub(crate) mod dispatch;
 pub(crate) mod gated_attention;

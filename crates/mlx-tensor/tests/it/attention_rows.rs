@@ -117,6 +117,19 @@ fn attention_rows_matches_a_float64_reference_in_every_dtype() {
                         "{case}: element {i}: {g} against {w}"
                     );
                 }
+                // The merged layout holds the same values, each row's heads side by side.
+                let merged = ops::attention_rows_cpu_merged(&q, &k, &v, scale).unwrap();
+                assert_eq!(merged.shape().as_slice(), &[1, l as i32, (hq * d) as i32]);
+                let heads_first = values(&merged);
+                for h in 0..hq {
+                    for i in 0..l {
+                        assert_eq!(
+                            heads_first[(i * hq + h) * d..][..d],
+                            got[(h * l + i) * d..][..d],
+                            "{case}: merged row {i}, head {h}"
+                        );
+                    }
+                }
                 // Row i of the L-row call is the one-row call over the keys it sees.
                 for i in 0..l {
                     let keys = (s - l + i + 1) as i32;

@@ -8,6 +8,7 @@ mod dtype;
 mod errors;
 mod eval;
 mod fast;
+mod fused_cpu;
 mod gather;
 mod io;
 mod memory;

@@ -112,6 +112,25 @@ fn strided_operands_equal_their_contiguous_copies() {
     assert_eq!(got, want);
 }
 
+/// Leading axes are taken as they are, strided or not: `[2, 3, k]` (a
+/// transpose of `[3, 2, k]`) gives `[2, 3, n]`, the rows of its contiguous
+/// 2-D copy.
+#[test]
+fn leading_axes_are_kept_and_read_through_their_strides() {
+    let (n, k) = (40, 64);
+    let w = arr(&host_noise(8, n * k), &[n as i32, k as i32]);
+    let x = arr(&host_noise(9, 6 * k), &[3, 2, k as i32])
+        .transpose(&[1, 0, 2])
+        .unwrap();
+    let got = ops::rows_matmul_t(&x, &w).unwrap();
+    assert_eq!(got.shape().as_slice(), &[2, 3, n as i32]);
+    let flat = x.contiguous().unwrap().reshape(&[6, k as i32]).unwrap();
+    assert_eq!(
+        values(&got),
+        values(&ops::rows_matmul_t(&flat, &w).unwrap())
+    );
+}
+
 /// Inputs the kernel does not take are errors that say what is wrong.
 #[test]
 fn rows_matmul_refuses_what_it_cannot_compute() {
@@ -120,8 +139,10 @@ fn rows_matmul_refuses_what_it_cannot_compute() {
     let err = |r: mlx_tensor::Result<Array>| r.expect_err("an error").to_string();
     assert!(err(ops::rows_matmul_t(&x(9, 32), &w)).contains("1 to 8 rows; got 9"));
     assert!(err(ops::rows_matmul_t(&x(2, 31), &w)).contains("does not match"));
-    let x3 = x(2, 32).reshape(&[1, 2, 32]).unwrap();
-    assert!(err(ops::rows_matmul_t(&x3, &w)).contains("ranks 3 and 2"));
+    let x1 = x(1, 32).reshape(&[32]).unwrap();
+    assert!(err(ops::rows_matmul_t(&x1, &w)).contains("ranks 1 and 2"));
+    let x9 = x(9, 32).reshape(&[3, 3, 32]).unwrap();
+    assert!(err(ops::rows_matmul_t(&x9, &w)).contains("1 to 8 rows; got 9"));
     let xi = x(2, 32).as_type(Dtype::Int32).unwrap();
     let wi = w.as_type(Dtype::Int32).unwrap();
     assert!(err(ops::rows_matmul_t(&xi, &wi)).contains("f32, bf16 or f16"));

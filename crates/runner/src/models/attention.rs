@@ -76,8 +76,11 @@ impl AttentionCore {
             head_dim: self.head_dim,
         };
         let o = match sdpa::choose(shape, q.dtype()) {
+            // Already `[1, L, heads·D]`.
             Kernel::CpuRows if causal || (l == 1 && matches!(mask, AttentionMask::None)) => {
-                mlx_tensor::ops::attention_rows_cpu(&q, &keys, &values, self.scale)?
+                return Ok(mlx_tensor::ops::attention_rows_cpu_merged(
+                    &q, &keys, &values, self.scale,
+                )?);
             }
             // Already `[1, L, heads·D]`.
             Kernel::Short if causal => {

@@ -210,6 +210,9 @@ pub(crate) fn heads(
     rope: &Rope,
     offset: usize,
 ) -> Result<(Array, Array, Array)> {
+    if let Some(heads) = crate::models::cpu_fused::heads(q, k, v, norms, rope, offset)? {
+        return Ok(heads);
+    }
     match kernel(q, k, v, norms, rope, offset)? {
         Some(heads) => Ok(heads),
         None => by_ops(q, k, v, norms, rope, offset),
@@ -414,12 +417,15 @@ mod tests {
         assert!(!takes(1, 64) && !takes(MAX_ROWS + 1, 64) && !takes(0, 64));
     }
 
-    /// On a machine without CUDA the ops path is always taken, and [`heads`]
-    /// gives its result: heads-first, normed and rotated.
+    /// On a machine without CUDA this kernel is never taken, and with the
+    /// fused CPU stages off [`heads`] gives the ops path's result:
+    /// heads-first, normed and rotated (`models/cpu_fused.rs` tests the
+    /// fused CPU stages against it).
     #[test]
-    fn cpu_takes_the_ops_path() {
+    fn cpu_without_fused_stages_takes_the_ops_path() {
         use crate::models::test_arrays::{max_diff, rand};
         set_fused_heads(true);
+        crate::models::cpu_fused::set_cpu_fused(false);
         let (q, kv) = (rand(&[1, 3, 4, 64], 1), rand(&[1, 3, 2, 64], 2));
         let rope = Rope::new(64, 10_000.0, &RopeScaling::None).unwrap();
         let norm = RmsNorm::from_parts(rand(&[64], 3), 1e-6);

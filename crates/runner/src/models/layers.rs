@@ -280,6 +280,12 @@ impl Linear {
             _ => None,
         };
         let y = match &self.kernel {
+            // Our CPU kernel takes the leading axes as they are (no reshape nodes).
+            _ if let Some((w, _, RowsKernel::Cpu)) = few
+                && x.ndim() >= 2 =>
+            {
+                mlx_tensor::ops::rows_matmul_t(x, w)?
+            }
             _ if let Some((w, rows, on)) = few => {
                 let mut shape = x.shape().to_vec();
                 *shape.last_mut().expect("rank ≥ 1") = w.dim(0);
@@ -459,6 +465,9 @@ impl RmsNorm {
 
     /// Normalises the last axis.
     pub(crate) fn forward(&self, x: &Array) -> Result<Array> {
+        if let Some(y) = crate::models::cpu_fused::rms_norm(self, x)? {
+            return Ok(y);
+        }
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
     }
 

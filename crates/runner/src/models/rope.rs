@@ -122,6 +122,18 @@ impl Rope {
         (self.freqs.as_ref(), self.base.log2(), self.scale)
     }
 
+    /// The rotation as `mlx_tensor::ops::heads_cpu` takes it (offset 0).
+    pub(crate) fn cpu_terms(&self) -> mlx_tensor::ops::HeadsRope<'_> {
+        mlx_tensor::ops::HeadsRope {
+            dims: self.dims,
+            offset: 0,
+            log2_base: self.base.log2(),
+            scale: self.scale,
+            periods: self.freqs.as_ref(),
+            mscale: self.mscale,
+        }
+    }
+
     /// Arrays to evaluate at load.
     pub(crate) fn arrays(&self) -> Vec<Array> {
         self.freqs.iter().cloned().collect()

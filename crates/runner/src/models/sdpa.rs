@@ -438,9 +438,11 @@ mod tests {
                 "{rows} rows"
             );
         }
-        // Past the kernel's limits: MLX's fused attention on the CPU.
+        // Any row count (a prefill chunk) is ours on the CPU; past the head
+        // width limit, MLX's fused attention.
         if on_cpu {
-            assert_eq!(choose(shape(17, 128), Dtype::Float32), Kernel::Fused);
+            assert_eq!(choose(shape(17, 128), Dtype::Float32), Kernel::CpuRows);
+            assert_eq!(choose(shape(512, 128), Dtype::Float32), Kernel::CpuRows);
             assert_eq!(choose(shape(4, 512), Dtype::Float32), Kernel::Fused);
             set_attention_path(AttentionPath::Fused);
             assert_eq!(choose(shape(4, 128), Dtype::Float32), Kernel::Fused);

@@ -47,6 +47,9 @@ pub(crate) fn swiglu(gu: &Array, half: i32) -> Result<Array> {
         && gu.ndim() > 0
         && gu.dim(-1) == 2 * half
         && half > 0;
+    if let Some(y) = crate::models::cpu_fused::swiglu(gu, half)? {
+        return Ok(y);
+    }
     if !fused {
         let g = gu.slice_axis(-1, 0, half)?;
         let u = gu.slice_axis(-1, half, 2 * half)?;
