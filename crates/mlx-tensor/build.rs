@@ -77,6 +77,7 @@ fn run() -> Result<(), String> {
     println!("cargo:rerun-if-changed=cpp/shim.cc");
     println!("cargo:rerun-if-changed=cpp/rows_cpu.cc");
     println!("cargo:rerun-if-changed=cpp/fused_cpu.cc");
+    println!("cargo:rerun-if-changed=cpp/cpu_primitive.h");
     println!("cargo:rerun-if-changed=src/ffi.rs");
 
     let prefix = match env::var_os("MLX_DIR") {

@@ -19,6 +19,7 @@
 // rounds once; SwiGLU is `g / (1 + exp(-g)) * u` in f32, rounded once.
 
 #include "mlx-tensor/cpp/shim.h"
+#include "mlx-tensor/cpp/cpu_primitive.h"
 
 #include <cmath>
 #include <cstring>
@@ -84,9 +85,9 @@ void norm_row(float* x, int d, const T* w, float eps) {
   for (int i = 0; i < d; ++i) x[i] = round_to<T>(widen(w[i]) * round_to<T>(x[i] * inv));
 }
 
-class RmsNormCpu : public mx::Primitive {
+class RmsNormCpu : public CpuPrimitive {
  public:
-  RmsNormCpu(mx::Stream s, float eps) : mx::Primitive(s), eps_(eps) {}
+  RmsNormCpu(mx::Stream s, float eps) : CpuPrimitive(s), eps_(eps) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array& x = inputs[0];
@@ -126,9 +127,6 @@ class RmsNormCpu : public mx::Primitive {
     });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("RmsNormCpu runs on the CPU only");
-  }
 
   const char* name() const override { return "RmsNormCpu"; }
 
@@ -160,9 +158,9 @@ struct HeadsParams {
 
 // `x` `[1, L, H, D]` (any strides) to `[1, H, L, D]`, each head through the
 // optional RMSNorm, then RoPE.
-class HeadsCpu : public mx::Primitive {
+class HeadsCpu : public CpuPrimitive {
  public:
-  HeadsCpu(mx::Stream s, HeadsParams p) : mx::Primitive(s), p_(p) {}
+  HeadsCpu(mx::Stream s, HeadsParams p) : CpuPrimitive(s), p_(p) {}
 
   // Long: unpacks the strided input, the optional norm weight and period
   // table, then one loop over rows and heads that reads, normalises, rotates
@@ -230,9 +228,6 @@ class HeadsCpu : public mx::Primitive {
     });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("HeadsCpu runs on the CPU only");
-  }
 
   const char* name() const override { return "HeadsCpu"; }
 
@@ -250,9 +245,9 @@ class HeadsCpu : public mx::Primitive {
   HeadsParams p_;
 };
 
-class SwigluCpu : public mx::Primitive {
+class SwigluCpu : public CpuPrimitive {
  public:
-  explicit SwigluCpu(mx::Stream s) : mx::Primitive(s) {}
+  explicit SwigluCpu(mx::Stream s) : CpuPrimitive(s) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array& gu = inputs[0];
@@ -286,9 +281,6 @@ class SwigluCpu : public mx::Primitive {
     });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("SwigluCpu runs on the CPU only");
-  }
 
   const char* name() const override { return "SwigluCpu"; }
 

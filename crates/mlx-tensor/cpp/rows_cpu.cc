@@ -14,6 +14,7 @@
 // bf16 or f16 (widened to f32 as they are loaded; accumulation is f32, the
 // output is rounded to the input dtype as MLX rounds).
 #include "mlx-tensor/cpp/shim.h"
+#include "mlx-tensor/cpp/cpu_primitive.h"
 
 #include <algorithm>
 #include <array>
@@ -351,9 +352,9 @@ void rows_matmul_t(const T* xp, const std::vector<int64_t>& x_rows, int64_t x_co
   }
 }
 
-class RowsMatmulT : public mx::Primitive {
+class RowsMatmulT : public CpuPrimitive {
  public:
-  explicit RowsMatmulT(mx::Stream s) : mx::Primitive(s) {}
+  explicit RowsMatmulT(mx::Stream s) : CpuPrimitive(s) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array& x = inputs[0];
@@ -396,9 +397,6 @@ class RowsMatmulT : public mx::Primitive {
     });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("RowsMatmulT runs on the CPU only");
-  }
 
   const char* name() const override { return "RowsMatmulT"; }
 
@@ -652,9 +650,9 @@ void attention_rows(View4<T> q, View4<T> k, View4<T> v, T* op, int hq, int hkv, 
   }
 }
 
-class AttentionRows : public mx::Primitive {
+class AttentionRows : public CpuPrimitive {
  public:
-  AttentionRows(mx::Stream st, float scale, bool merged) : mx::Primitive(st), scale_(scale), merged_(merged) {}
+  AttentionRows(mx::Stream st, float scale, bool merged) : CpuPrimitive(st), scale_(scale), merged_(merged) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array& q = inputs[0];
@@ -698,9 +696,6 @@ class AttentionRows : public mx::Primitive {
     });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("AttentionRows runs on the CPU only");
-  }
 
   const char* name() const override { return "AttentionRows"; }
 
