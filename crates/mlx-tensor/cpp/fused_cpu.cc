@@ -36,12 +36,6 @@ namespace mtp_mlx {
 
 namespace {
 
-inline float widen(float v) { return v; }
-inline float widen(mx::bfloat16_t v) { return static_cast<float>(v); }
-inline float widen(mx::float16_t v) { return static_cast<float>(v); }
-inline void narrow(float v, float* o) { *o = v; }
-inline void narrow(float v, mx::bfloat16_t* o) { *o = mx::bfloat16_t(v); }
-inline void narrow(float v, mx::float16_t* o) { *o = mx::float16_t(v); }
 
 // `v` rounded to `T` and back.
 template <typename T>
@@ -65,15 +59,6 @@ void by_dtype(mx::Dtype dtype, F&& f) {
 
 bool float_dtype(mx::Dtype d) { return d == mx::float32 || d == mx::bfloat16 || d == mx::float16; }
 
-// The element offset of row `r` of `a` viewed as `[rows, a.shape(-1)]`.
-int64_t row_offset(const mx::Shape& shape, const mx::Strides& strides, int64_t r) {
-  int64_t off = 0;
-  for (int ax = static_cast<int>(shape.size()) - 2; ax >= 0; --ax) {
-    off += (r % shape[ax]) * strides[ax];
-    r /= shape[ax];
-  }
-  return off;
-}
 
 // In place over `x[0..d]`: `x * rsqrt(mean(x^2) + eps)` rounded to `T`, times
 // `w` rounded to `T`. The sum of squares runs in order.

@@ -140,10 +140,6 @@ class Pool {
   std::atomic<int> done_{0};
 };
 
-// Weight element loads, widened to f32.
-inline float widen(float v) { return v; }
-inline float widen(mx::bfloat16_t v) { return static_cast<float>(v); }
-inline float widen(mx::float16_t v) { return static_cast<float>(v); }
 
 // One (row, feature) sum from its eight lane partials: a fixed tree over the
 // lanes, then the `K % 8` tail in order. Both kernels end every sum here.
@@ -313,9 +309,6 @@ void dense_copy(const T* src, int rows, int cols, int64_t s0, int64_t s1, D* dst
   }
 }
 
-inline void narrow(float v, float* o) { *o = v; }
-inline void narrow(float v, mx::bfloat16_t* o) { *o = mx::bfloat16_t(v); }
-inline void narrow(float v, mx::float16_t* o) { *o = mx::float16_t(v); }
 
 // The whole product for element type `T`: inputs as MLX hands them to a
 // primitive (any strides), output dense `[rows, n]`.
@@ -369,14 +362,7 @@ class RowsMatmulT : public CpuPrimitive {
     const int rows = static_cast<int>(x.size() / k);
     // Where each row of x starts: its leading axes, any strides.
     std::vector<int64_t> x_rows(rows);
-    for (int r = 0; r < rows; ++r) {
-      int64_t off = 0;
-      for (int ax = static_cast<int>(x.ndim()) - 2, rest = r; ax >= 0; --ax) {
-        off += static_cast<int64_t>(rest % x.shape(ax)) * x.strides()[ax];
-        rest /= x.shape(ax);
-      }
-      x_rows[r] = off;
-    }
+    for (int r = 0; r < rows; ++r) x_rows[r] = row_offset(x.shape(), x.strides(), r);
     const int64_t x_col = x.strides().back();
     const std::array<int64_t, 2> wst{w.strides()[0], w.strides()[1]};
     const void* xp = x.data<void>();
