@@ -1,6 +1,7 @@
 // What our CPU-only MLX primitives (cpp/rows_cpu.cc, cpp/fused_cpu.cc) share:
 // their base (their builders refuse a GPU default device, and `eval_gpu` says
-// so too), element widening and rounding, and row offsets through strides.
+// so too), dtype dispatch, element widening and rounding, and row offsets
+// through strides.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "mlx/primitives.h"
+#include "mlx/dtype.h"
 #include "mlx/types/half_types.h"
 
 namespace mtp_mlx {
@@ -29,6 +31,24 @@ inline float widen(mlx::core::float16_t v) { return static_cast<float>(v); }
 inline void narrow(float v, float* o) { *o = v; }
 inline void narrow(float v, mlx::core::bfloat16_t* o) { *o = mlx::core::bfloat16_t(v); }
 inline void narrow(float v, mlx::core::float16_t* o) { *o = mlx::core::float16_t(v); }
+
+// The element types our CPU primitives take.
+inline bool float_dtype(mlx::core::Dtype d) {
+  return d == mlx::core::float32 || d == mlx::core::bfloat16 || d == mlx::core::float16;
+}
+
+// Runs `f(tag)` with `tag` a value of the element type `dtype` names (one of
+// `float_dtype`'s; the builders refuse the others).
+template <typename F>
+void by_dtype(mlx::core::Dtype dtype, F&& f) {
+  if (dtype == mlx::core::float32) {
+    f(float{});
+  } else if (dtype == mlx::core::bfloat16) {
+    f(mlx::core::bfloat16_t{});
+  } else {
+    f(mlx::core::float16_t{});
+  }
+}
 
 // The element offset of row `r` of an array of `shape` and `strides` viewed
 // as `[rows, shape.back()]` (its leading axes, any strides).

@@ -45,19 +45,6 @@ inline float round_to(float v) {
   return widen(t);
 }
 
-// Runs `f(tag)` with `tag` a value of the element type `dtype` names.
-template <typename F>
-void by_dtype(mx::Dtype dtype, F&& f) {
-  if (dtype == mx::float32) {
-    f(float{});
-  } else if (dtype == mx::bfloat16) {
-    f(mx::bfloat16_t{});
-  } else {
-    f(mx::float16_t{});
-  }
-}
-
-bool float_dtype(mx::Dtype d) { return d == mx::float32 || d == mx::bfloat16 || d == mx::float16; }
 
 
 // In place over `x[0..d]`: `x * rsqrt(mean(x^2) + eps)` rounded to `T`, times

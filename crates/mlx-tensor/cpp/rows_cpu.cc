@@ -370,16 +370,11 @@ class RowsMatmulT : public CpuPrimitive {
     void* op = out.data<void>();
     const mx::Dtype dtype = out.dtype();
     enc.dispatch([=]() {
-      if (dtype == mx::float32) {
-        rows_matmul_t(static_cast<const float*>(xp), x_rows, x_col, static_cast<const float*>(wp), wst, static_cast<float*>(op),
-                      rows, n, k);
-      } else if (dtype == mx::bfloat16) {
-        rows_matmul_t(static_cast<const mx::bfloat16_t*>(xp), x_rows, x_col, static_cast<const mx::bfloat16_t*>(wp), wst,
-                      static_cast<mx::bfloat16_t*>(op), rows, n, k);
-      } else {
-        rows_matmul_t(static_cast<const mx::float16_t*>(xp), x_rows, x_col, static_cast<const mx::float16_t*>(wp), wst,
-                      static_cast<mx::float16_t*>(op), rows, n, k);
-      }
+      by_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        rows_matmul_t(static_cast<const T*>(xp), x_rows, x_col, static_cast<const T*>(wp), wst, static_cast<T*>(op), rows,
+                      n, k);
+      });
     });
   }
 
@@ -664,21 +659,14 @@ class AttentionRows : public CpuPrimitive {
     const float scale = scale_;
     const bool merged = merged_;
     enc.dispatch([=]() {
-      auto run = [&](auto tag) {
+      by_dtype(dtype, [&](auto tag) {
         using T = decltype(tag);
         const T* qt = static_cast<const T*>(qp);
         const T* kt = static_cast<const T*>(kp);
         const T* vt = static_cast<const T*>(vp);
         attention_rows<T>(View4<T>{qt, qs[0], qs[1], qs[2]}, View4<T>{kt, ks[0], ks[1], ks[2]},
                           View4<T>{vt, vs[0], vs[1], vs[2]}, static_cast<T*>(op), hq, hkv, l, s, d, scale, merged);
-      };
-      if (dtype == mx::float32) {
-        run(float{});
-      } else if (dtype == mx::bfloat16) {
-        run(mx::bfloat16_t{});
-      } else {
-        run(mx::float16_t{});
-      }
+      });
     });
   }
 
@@ -726,7 +714,7 @@ ArrPtr rows_matmul_t(const Arr& x, const Arr& w) {
                                 "]");
   }
   const mx::Dtype d = x.a.dtype();
-  if (w.a.dtype() != d || !(d == mx::float32 || d == mx::bfloat16 || d == mx::float16)) {
+  if (w.a.dtype() != d || !float_dtype(d)) {
     throw std::invalid_argument("rows_matmul_t takes f32, bf16 or f16 operands of one dtype");
   }
   mx::Shape out = x.a.shape();
@@ -756,7 +744,7 @@ ArrPtr attention_rows_cpu(const Arr& q, const Arr& k, const Arr& v, float scale,
                                 "/" + std::to_string(hkv) + ", S " + std::to_string(s));
   }
   const mx::Dtype dt = qa.dtype();
-  if (ka.dtype() != dt || va.dtype() != dt || !(dt == mx::float32 || dt == mx::bfloat16 || dt == mx::float16)) {
+  if (ka.dtype() != dt || va.dtype() != dt || !float_dtype(dt)) {
     throw std::invalid_argument("attention_rows_cpu takes f32, bf16 or f16 operands of one dtype");
   }
   return std::make_unique<Arr>(mx::array(AttentionRows::out_shape(qa.shape(), merged), dt,
