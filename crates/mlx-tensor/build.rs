@@ -78,6 +78,8 @@ fn run() -> Result<(), String> {
     println!("cargo:rerun-if-changed=cpp/rows_cpu.cc");
     println!("cargo:rerun-if-changed=cpp/fused_cpu.cc");
     println!("cargo:rerun-if-changed=cpp/cpu_primitive.h");
+    println!("cargo:rerun-if-changed=cpp/kv_cpu.cc");
+    println!("cargo:rerun-if-changed=cpp/kv_holds.h");
     println!("cargo:rerun-if-changed=src/ffi.rs");
 
     let prefix = match env::var_os("MLX_DIR") {
@@ -127,6 +129,7 @@ fn run() -> Result<(), String> {
         .file("cpp/shim.cc")
         .file("cpp/rows_cpu.cc")
         .file("cpp/fused_cpu.cc")
+        .file("cpp/kv_cpu.cc")
         .include(&include)
         .include(env::var("CARGO_MANIFEST_DIR").unwrap() + "/..")
         .std("c++20")

@@ -1,6 +1,8 @@
 //! Buffer helpers shared by the attention caches: shape checks, growth, writes.
 
-use mlx_tensor::{Array, ops};
+use std::sync::OnceLock;
+
+use mlx_tensor::{Array, Device, ops};
 
 use crate::{Error, Result};
 
@@ -72,7 +74,20 @@ pub(crate) fn grow(
     }
 }
 
+/// Whether cache writes on the CPU go through `ops::kv_write_cpu` (default
+/// on; `MTP_CPU_KV_WRITE=0` sends them to MLX's `slice_update`, to compare).
+fn cpu_kv_write() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MTP_CPU_KV_WRITE").map_or(true, |v| v != "0"))
+        && mlx_tensor::default_device() == Device::Cpu
+}
+
 /// Writes `src[:, :, from..from+len]` into `buffer[:, :, slot..slot+len]`.
+///
+/// On the CPU through `ops::kv_write_cpu`, which writes in place also while
+/// queued attention reads of the rows below are pending (a draft chain would
+/// otherwise copy the buffer at every step); elsewhere through MLX's
+/// `slice_update`, which writes in place when nothing shares the buffer.
 pub(crate) fn write(
     buffer: &Array,
     src: &Array,
@@ -87,6 +102,9 @@ pub(crate) fn write(
         src.slice_axis(2, from as i32, (from + len) as i32)?
     };
     let (lo, hi) = (slot as i32, (slot + len) as i32);
+    if cpu_kv_write() {
+        return Ok(ops::kv_write_cpu(buffer, &part, lo)?);
+    }
     Ok(buffer.slice_update(&part, &[0, 0, lo, 0], &[s[0], s[1], hi, s[3]])?)
 }
 

@@ -94,6 +94,14 @@ pub trait Cache: fmt::Debug {
     /// The window size of a sliding-window cache.
     fn max_size(&self) -> Option<usize>;
 
+    /// The whole key and value buffers `[B, H, capacity, D]` whose first
+    /// [`Cache::offset`] positions are the live keys and values, for kernels
+    /// that read them in place (a cache that keeps them otherwise, or keeps
+    /// none, says `None`).
+    fn kv_buffers(&self) -> Option<(Array, Array)> {
+        None
+    }
+
     /// Asks for room for `positions` positions in all, so that the writes up
     /// to there allocate once (at the next write) instead of growing step by
     /// step. A hint: caches without growing buffers ignore it, and a smaller

@@ -13,7 +13,8 @@ use crate::{AttentionMask, Cache, Error, Result, Snapshot};
 static NEXT_ORIGIN: AtomicU64 = AtomicU64::new(1);
 
 /// A full-attention cache: keys and values `[B, H, capacity, D]`, written in
-/// place with `slice_update`, grown by [`buffer::STEP`] positions at a time.
+/// place (`buffer::write`: MLX's `slice_update`, on the CPU our
+/// `ops::kv_write_cpu`), grown by [`buffer::STEP`] positions at a time.
 ///
 /// A rewind moves the offset; positions past it are dead and overwritten by
 /// later writes. So `restore(None, n)` works for every `n ≤ offset` and a
@@ -233,6 +234,10 @@ impl Cache for KvCache {
 
     fn max_size(&self) -> Option<usize> {
         None
+    }
+
+    fn kv_buffers(&self) -> Option<(Array, Array)> {
+        Some((self.keys.clone()?, self.values.clone()?))
     }
 
     fn reserve(&mut self, positions: usize) {

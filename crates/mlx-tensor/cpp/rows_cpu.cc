@@ -15,6 +15,7 @@
 // output is rounded to the input dtype as MLX rounds).
 #include "mlx-tensor/cpp/shim.h"
 #include "mlx-tensor/cpp/cpu_primitive.h"
+#include "mlx-tensor/cpp/kv_holds.h"
 
 #include <algorithm>
 #include <array>
@@ -633,7 +634,9 @@ void attention_rows(View4<T> q, View4<T> k, View4<T> v, T* op, int hq, int hkv, 
 
 class AttentionRows : public CpuPrimitive {
  public:
-  AttentionRows(mx::Stream st, float scale, bool merged) : CpuPrimitive(st), scale_(scale), merged_(merged) {}
+  // `keys`: the rows of k and v attended over (negative: all of them).
+  AttentionRows(mx::Stream st, float scale, bool merged, int keys)
+      : CpuPrimitive(st), scale_(scale), merged_(merged), keys_(keys) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array& q = inputs[0];
@@ -646,7 +649,12 @@ class AttentionRows : public CpuPrimitive {
     enc.set_input_array(k);
     enc.set_input_array(v);
     enc.set_output_array(out);
-    const int hq = q.shape(1), l = q.shape(2), d = q.shape(3), hkv = k.shape(1), s = k.shape(2);
+    const int hq = q.shape(1), l = q.shape(2), d = q.shape(3), hkv = k.shape(1);
+    const int s = keys_ >= 0 ? keys_ : k.shape(2);
+    // Recorded so a cache write encoded before this task has run can still
+    // write rows at and after `s` in place (cpp/kv_cpu.cc).
+    const uint64_t k_hold = hold_kv_rows(k, s);
+    const uint64_t v_hold = v.data_shared_ptr() == k.data_shared_ptr() ? 0 : hold_kv_rows(v, s);
     auto view = [](const mx::array& a) {
       return std::array<int64_t, 3>{a.strides()[1], a.strides()[2], a.strides()[3]};
     };
@@ -667,6 +675,8 @@ class AttentionRows : public CpuPrimitive {
         attention_rows<T>(View4<T>{qt, qs[0], qs[1], qs[2]}, View4<T>{kt, ks[0], ks[1], ks[2]},
                           View4<T>{vt, vs[0], vs[1], vs[2]}, static_cast<T*>(op), hq, hkv, l, s, d, scale, merged);
       });
+      release_kv_rows(k_hold);
+      if (v_hold != 0) release_kv_rows(v_hold);
     });
   }
 
@@ -675,7 +685,7 @@ class AttentionRows : public CpuPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const AttentionRows*>(&other);
-    return o != nullptr && o->scale_ == scale_ && o->merged_ == merged_;
+    return o != nullptr && o->scale_ == scale_ && o->merged_ == merged_ && o->keys_ == keys_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -689,6 +699,7 @@ class AttentionRows : public CpuPrimitive {
  private:
   float scale_;
   bool merged_;
+  int keys_;
 };
 
 }  // namespace
@@ -723,7 +734,7 @@ ArrPtr rows_matmul_t(const Arr& x, const Arr& w) {
       mx::array(std::move(out), d, std::make_shared<RowsMatmulT>(s), std::vector<mx::array>{x.a, w.a}));
 }
 
-ArrPtr attention_rows_cpu(const Arr& q, const Arr& k, const Arr& v, float scale, bool merged) {
+ArrPtr attention_rows_cpu(const Arr& q, const Arr& k, const Arr& v, float scale, bool merged, int32_t keys) {
   const mx::Stream st = mx::default_stream(mx::default_device());
   if (st.device != mx::Device::cpu) {
     throw std::invalid_argument("attention_rows_cpu runs on the CPU; the default device is a GPU");
@@ -732,7 +743,12 @@ ArrPtr attention_rows_cpu(const Arr& q, const Arr& k, const Arr& v, float scale,
   if (qa.ndim() != 4 || ka.ndim() != 4 || va.ndim() != 4) {
     throw std::invalid_argument("attention_rows_cpu takes q [1, Hq, L, D] and k, v [1, Hkv, S, D]");
   }
-  const int hq = qa.shape(1), l = qa.shape(2), d = qa.shape(3), hkv = ka.shape(1), s = ka.shape(2);
+  const int hq = qa.shape(1), l = qa.shape(2), d = qa.shape(3), hkv = ka.shape(1);
+  if (keys > ka.shape(2)) {
+    throw std::invalid_argument("attention_rows_cpu: " + std::to_string(keys) + " live keys in a buffer of " +
+                                std::to_string(ka.shape(2)) + " rows");
+  }
+  const int s = keys >= 0 ? keys : ka.shape(2);
   if (qa.shape(0) != 1 || ka.shape(0) != 1 || va.shape() != ka.shape() || ka.shape(3) != d) {
     throw std::invalid_argument("attention_rows_cpu: q, k and v shapes do not match (batch 1, one head width)");
   }
@@ -748,7 +764,7 @@ ArrPtr attention_rows_cpu(const Arr& q, const Arr& k, const Arr& v, float scale,
     throw std::invalid_argument("attention_rows_cpu takes f32, bf16 or f16 operands of one dtype");
   }
   return std::make_unique<Arr>(mx::array(AttentionRows::out_shape(qa.shape(), merged), dt,
-                                         std::make_shared<AttentionRows>(st, scale, merged),
+                                         std::make_shared<AttentionRows>(st, scale, merged, keys),
                                          std::vector<mx::array>{qa, ka, va}));
 }
 

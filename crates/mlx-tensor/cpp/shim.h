@@ -93,7 +93,10 @@ ArrPtr gather_mm(const Arr& a, const Arr& b, bool has_lhs, const Arr& lhs, bool 
                  bool sorted);
 // `x @ w.T` for 1-8 rows on the CPU (cpp/rows_cpu.cc).
 ArrPtr rows_matmul_t(const Arr& x, const Arr& w);
-ArrPtr attention_rows_cpu(const Arr& q, const Arr& k, const Arr& v, float scale, bool merged);
+// `keys`: the rows of k and v attended over, negative for all of them.
+ArrPtr attention_rows_cpu(const Arr& q, const Arr& k, const Arr& v, float scale, bool merged, int32_t keys);
+// A KV cache write on the CPU, in place where it can be (cpp/kv_cpu.cc).
+ArrPtr kv_write_cpu(const Arr& buffer, const Arr& update, int32_t slot);
 // A layer's elementwise stages on the CPU (cpp/fused_cpu.cc).
 ArrPtr rms_norm_cpu(const Arr& x, const Arr& w, float eps);
 ArrPtr heads_cpu(const Arr& x, bool has_norm, const Arr& norm, float eps, int32_t offset, int32_t rot_dims,

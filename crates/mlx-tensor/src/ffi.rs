@@ -162,7 +162,9 @@ pub(crate) mod sys {
             v: &Arr,
             scale: f32,
             merged: bool,
+            keys: i32,
         ) -> Result<UniquePtr<Arr>>;
+        fn kv_write_cpu(buffer: &Arr, update: &Arr, slot: i32) -> Result<UniquePtr<Arr>>;
         fn rms_norm_cpu(x: &Arr, w: &Arr, eps: f32) -> Result<UniquePtr<Arr>>;
         #[allow(clippy::too_many_arguments)]
         fn heads_cpu(

@@ -498,6 +498,7 @@ pub fn attention_rows_cpu(q: &Array, k: &Array, v: &Array, scale: f32) -> Result
         v.raw(),
         scale,
         false,
+        -1,
     ))
     .map(Array::wrap)
 }
@@ -513,8 +514,49 @@ pub fn attention_rows_cpu_merged(q: &Array, k: &Array, v: &Array, scale: f32) ->
         v.raw(),
         scale,
         true,
+        -1,
     ))
     .map(Array::wrap)
+}
+
+/// [`attention_rows_cpu_merged`] over the first `keys` rows of a KV cache's
+/// buffers `k, v: [1, Hkv, capacity, D]` (`L ≤ keys ≤ capacity`), read in
+/// place: no slice node holds the buffers, so a later [`kv_write_cpu`] to
+/// rows at and after `keys` can write in place even while this attention's
+/// work is still queued.
+#[track_caller]
+pub fn attention_rows_cpu_cached(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    keys: i32,
+    scale: f32,
+) -> Result<Array> {
+    check(sys::attention_rows_cpu(
+        q.raw(),
+        k.raw(),
+        v.raw(),
+        scale,
+        true,
+        keys,
+    ))
+    .map(Array::wrap)
+}
+
+/// `buffer` `[B, H, S, D]` with rows `slot..slot + L` replaced by `update`
+/// `[B, H, L, D]` (same dtype), on the CPU (the default device must be the
+/// CPU): what `buffer.slice_update(update, [0, 0, slot, 0], ...)` computes.
+///
+/// Our own MLX primitive (`cpp/kv_cpu.cc`). MLX's update writes in place
+/// only when nothing else shares the buffer's data, and its CPU encoder
+/// holds an attention's inputs until that attention has run: a draft chain
+/// built faster than it runs copies the whole buffer at every step. This
+/// write also writes in place when the other holders are queued
+/// [`attention_rows_cpu_cached`] reads of rows below `slot`; any other
+/// sharer (a snapshot's view, a second handle) makes it copy, as MLX does.
+#[track_caller]
+pub fn kv_write_cpu(buffer: &Array, update: &Array, slot: i32) -> Result<Array> {
+    check(sys::kv_write_cpu(buffer.raw(), update.raw(), slot)).map(Array::wrap)
 }
 
 /// `x · rsqrt(mean(x²) + eps) · w` over the last axis of `x` `[..., D]` (any

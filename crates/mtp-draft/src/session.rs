@@ -190,15 +190,19 @@ impl<'d, H: DraftHead> DraftSession<'d, H> {
             // Start the writes now: a session that never drafts would otherwise
             // keep the whole flush graph, and every hidden it reads, until
             // close; and a span's scratch is freed before the next one runs.
-            let mut state: Vec<Array> = self.head.caches().iter().flat_map(|c| c.state()).collect();
-            if let Some(held) = &self.held {
-                state.push(held.out.array().clone());
-                state.push(held.hidden.array().clone());
-            }
+            // The last span runs asynchronously on the held row alone, which
+            // every cache write of the span feeds: an asynchronous eval holds
+            // its outputs' data until its work has run, and a cache buffer
+            // held so would make the first draft step's write copy it.
+            let held = self.held.as_ref().expect("held was just set");
+            let held = [held.out.array().clone(), held.hidden.array().clone()];
             if done < m {
+                let mut state: Vec<Array> =
+                    self.head.caches().iter().flat_map(|c| c.state()).collect();
+                state.extend(held);
                 mlx_tensor::eval(&state)?;
             } else {
-                mlx_tensor::async_eval(&state)?;
+                mlx_tensor::async_eval(&held)?;
             }
             tracing::trace!(at, pairs = span, "mtp-draft flush");
         }

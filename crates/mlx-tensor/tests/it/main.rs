@@ -11,6 +11,7 @@ mod fast;
 mod fused_cpu;
 mod gather;
 mod io;
+mod kv_write;
 mod memory;
 mod ops_elementwise;
 mod ops_index;

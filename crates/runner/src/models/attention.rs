@@ -78,9 +78,21 @@ impl AttentionCore {
         let o = match sdpa::choose(shape, q.dtype()) {
             // Already `[1, L, heads·D]`.
             Kernel::CpuRows if causal || (l == 1 && matches!(mask, AttentionMask::None)) => {
-                return Ok(mlx_tensor::ops::attention_rows_cpu_merged(
-                    &q, &keys, &values, self.scale,
-                )?);
+                // Over the cache's own buffers where it has them: a slice node
+                // would hold the buffer until this attention has run, and the
+                // next step's cache write would copy it (`ops::kv_write_cpu`).
+                return Ok(match cache.kv_buffers() {
+                    Some((kb, vb)) => mlx_tensor::ops::attention_rows_cpu_cached(
+                        &q,
+                        &kb,
+                        &vb,
+                        keys.dim(2),
+                        self.scale,
+                    )?,
+                    None => {
+                        mlx_tensor::ops::attention_rows_cpu_merged(&q, &keys, &values, self.scale)?
+                    }
+                });
             }
             // Already `[1, L, heads·D]`.
             Kernel::Short if causal => {
@@ -89,18 +101,16 @@ impl AttentionCore {
             Kernel::Explicit | Kernel::Short if causal => {
                 sdpa::explicit(&q, &keys, &values, self.scale)?
             }
-            Kernel::Padded if causal && cache.max_size().is_none() => {
-                match cache.state().as_slice() {
-                    [kb, vb] => sdpa::padded(&q, kb, vb, keys.dim(2), self.scale)?,
-                    _ => fast::scaled_dot_product_attention(
-                        &q,
-                        &keys,
-                        &values,
-                        self.scale,
-                        mask.as_fast(),
-                    )?,
-                }
-            }
+            Kernel::Padded if causal => match cache.kv_buffers() {
+                Some((kb, vb)) => sdpa::padded(&q, &kb, &vb, keys.dim(2), self.scale)?,
+                None => fast::scaled_dot_product_attention(
+                    &q,
+                    &keys,
+                    &values,
+                    self.scale,
+                    mask.as_fast(),
+                )?,
+            },
             _ => {
                 fast::scaled_dot_product_attention(&q, &keys, &values, self.scale, mask.as_fast())?
             }

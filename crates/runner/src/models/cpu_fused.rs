@@ -9,7 +9,7 @@
 //! (`mlx-tensor/examples/dispatch-probe.rs`). A decode step of the 24-layer
 //! benchmark shape was 3,306 nodes, of tiny-mtp 840: for tiny-mtp that
 //! overhead was over half of a 7.6 ms step. `MTP_CPU_FUSED=0` turns these
-//! off; the fused heads are off unless `MTP_CPU_FUSED_HEADS=1` (see [`heads`]).
+//! off; `MTP_CPU_FUSED_HEADS=0` turns off the fused heads alone.
 
 use std::cell::Cell;
 
@@ -23,12 +23,12 @@ use crate::models::rope::Rope;
 thread_local! {
     /// `MTP_CPU_FUSED=0` turns the fused CPU stages off (default on).
     static ENABLED: crate::switch::Flag = const { Cell::new(None) };
-    /// `MTP_CPU_FUSED_HEADS=1` turns the fused heads on (default off: see [`heads`]).
+    /// `MTP_CPU_FUSED_HEADS=0` turns the fused heads off (default on).
     static HEADS: crate::switch::Flag = const { Cell::new(None) };
 }
 
 /// Turns the fused CPU heads (q/k norms and RoPE as one node each) on or off
-/// for this thread's later forwards (default off, unless `MTP_CPU_FUSED_HEADS=1`).
+/// for this thread's later forwards (default on, unless `MTP_CPU_FUSED_HEADS=0`).
 pub fn set_cpu_fused_heads(on: bool) {
     crate::switch::set(&HEADS, on);
 }
@@ -77,16 +77,17 @@ pub(crate) fn swiglu(gu: &Array, half: i32) -> Result<Option<Array>> {
 /// q, one for k, v a transposed view (as the ops path), when it applies here
 /// (see `heads_kernel::heads` for the other paths) and is turned on.
 ///
-/// Off by default: with it the MTP head's draft chain (several lazy steps
-/// in one graph) copies the head's whole KV buffer at most steps instead of
-/// updating it in place. MLX donates a buffer to its `SliceUpdate` only when
-/// nothing else holds it, and the CPU encoder holds the previous step's key
-/// view (an input of its attention) until that task has run on the stream
-/// thread; with ~60 fewer nodes a layer the host reaches the next update
-/// before then. On tiny-mtp (a 2 MiB buffer at 2,048 slots) that raised a
-/// long speculative run's peak memory 7 MiB over plain decoding's
-/// (`tests/it/spec_memory.rs`), and it costs a buffer copy per step. Found by
-/// logging the allocations over 1 MB during the rounds; not yet fixed.
+/// With ~60 fewer nodes a layer, the host builds the MTP head's draft chain
+/// (several lazy steps in one graph) ahead of the stream thread that runs
+/// it, and MLX's own cache update then copied the head's whole KV buffer at
+/// most steps: it writes in place only when nothing else holds the buffer,
+/// and the CPU encoder holds an attention's inputs until that attention has
+/// run (on tiny-mtp a long speculative run's peak rose 7 MiB over plain
+/// decoding's, `tests/it/spec_memory.rs`). The cache writes on the CPU go
+/// through `ops::kv_write_cpu` since, which tells those queued reads of the
+/// rows below from other holders, and the attention reads the cache's
+/// buffers in place (`ops::attention_rows_cpu_cached`), so the chain
+/// updates the buffer in place again.
 pub(crate) fn heads(
     q: &Array,
     k: &Array,
@@ -115,7 +116,7 @@ pub(crate) fn heads(
         && terms.dims % 2 == 0
         && terms.dims <= d
         && offset.checked_add(q.dim(1)).is_some();
-    if !fits || !on() || !crate::switch::get(&HEADS, "MTP_CPU_FUSED_HEADS", false) {
+    if !fits || !on() || !crate::switch::get(&HEADS, "MTP_CPU_FUSED_HEADS", true) {
         return Ok(None);
     }
     let rope = HeadsRope { offset, ..terms };
