@@ -492,13 +492,27 @@ pub const ATTENTION_ROWS_MAX_DIM: i32 = 256;
 /// one-row call at its position bit for bit.
 #[track_caller]
 pub fn attention_rows_cpu(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
+    attention_rows(q, k, v, scale, false, -1)
+}
+
+/// The one call behind the `attention_rows_cpu*` functions (`keys`
+/// negative: all of k's rows).
+#[track_caller]
+fn attention_rows(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    merged: bool,
+    keys: i32,
+) -> Result<Array> {
     check(sys::attention_rows_cpu(
         q.raw(),
         k.raw(),
         v.raw(),
         scale,
-        false,
-        -1,
+        merged,
+        keys,
     ))
     .map(Array::wrap)
 }
@@ -508,15 +522,7 @@ pub fn attention_rows_cpu(q: &Array, k: &Array, v: &Array, scale: f32) -> Result
 /// of a transpose and a reshape node.
 #[track_caller]
 pub fn attention_rows_cpu_merged(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
-    check(sys::attention_rows_cpu(
-        q.raw(),
-        k.raw(),
-        v.raw(),
-        scale,
-        true,
-        -1,
-    ))
-    .map(Array::wrap)
+    attention_rows(q, k, v, scale, true, -1)
 }
 
 /// [`attention_rows_cpu_merged`] over the first `keys` rows of a KV cache's
@@ -532,15 +538,7 @@ pub fn attention_rows_cpu_cached(
     keys: i32,
     scale: f32,
 ) -> Result<Array> {
-    check(sys::attention_rows_cpu(
-        q.raw(),
-        k.raw(),
-        v.raw(),
-        scale,
-        true,
-        keys,
-    ))
-    .map(Array::wrap)
+    attention_rows(q, k, v, scale, true, keys)
 }
 
 /// `buffer` `[B, H, S, D]` with rows `slot..slot + L` replaced by `update`
