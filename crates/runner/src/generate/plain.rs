@@ -78,9 +78,15 @@ pub(super) fn run<F: FnMut(&str)>(
             let now = Instant::now();
             let seconds = (now - t0).as_secs_f64();
             t0 = now;
-            // Under a seed, a modelled cost instead of the wall time.
-            t.depth
-                .record(0, 0, crate::seeded::round_cost(seconds, 0, d.options));
+            // Under a seed, a modelled cost instead of the wall time. The
+            // stretch's last round (no step built ahead of its read) is no
+            // sample of a pipelined token's cost.
+            if ahead.is_some() || crate::seeded::reproducible(d.options) {
+                t.depth
+                    .record(0, 0, crate::seeded::round_cost(seconds, 0, d.options));
+            } else {
+                t.depth.record_untimed_plain();
+            }
             t.stats.record(&RoundOutcome {
                 drafted: 0,
                 accepted: 0,
