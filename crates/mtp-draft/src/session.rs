@@ -181,9 +181,10 @@ impl<'d, H: DraftHead> DraftSession<'d, H> {
             let out = self.forward_span(&ids, &hiddens, span)?;
             done += span;
             let row = |a: &Array| a.slice_axis(0, span as i32 - 1, span as i32);
+            let held = [row(&out.out)?, row(&out.hidden)?];
             self.held = Some(Held {
-                out: row(&out.out)?.pin(),
-                hidden: row(&out.hidden)?.pin(),
+                out: held[0].pin(),
+                hidden: held[1].pin(),
             });
             self.committed_offset += span;
             self.assert_caches_at(self.committed_offset, "after a flush");
@@ -194,8 +195,6 @@ impl<'d, H: DraftHead> DraftSession<'d, H> {
             // every cache write of the span feeds: an asynchronous eval holds
             // its outputs' data until its work has run, and a cache buffer
             // held so would make the first draft step's write copy it.
-            let held = self.held.as_ref().expect("held was just set");
-            let held = [held.out.array().clone(), held.hidden.array().clone()];
             if done < m {
                 let mut state: Vec<Array> =
                     self.head.caches().iter().flat_map(|c| c.state()).collect();
