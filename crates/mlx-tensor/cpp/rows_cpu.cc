@@ -458,19 +458,80 @@ inline void axpy_portable(float p, const T* v, int d, float* out) {
   for (int c = 0; c < d; ++c) out[c] = std::fma(p, widen(v[c]), out[c]);
 }
 
+// Score floats per (row, head) pair of `attend_group_avx2` over `keys_max`
+// keys: whole blocks of eight.
+inline int score_stride(int keys_max) { return (keys_max + 7) / 8 * 8; }
+
 #ifdef MTP_X86
+// `e^x` on eight lanes, for softmax's `x <= 0`: Cephes' single-precision
+// range reduction and polynomial (about one ulp), `x` floored at -87.3 so the
+// power of two stays a normal number (what lies below is ~1e-38 of the
+// largest term, which is 1).
+__attribute__((target("avx2,fma,f16c"))) inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// Lane `i` of the result: the sum of `a[i]`'s eight lanes, in the same tree
+// for every `i` (pairs, then pairs of pairs, then the two halves).
+__attribute__((target("avx2,fma,f16c"))) inline __m256 sum_lanes8(const __m256 a[8]) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// `a` with lanes `n..8` replaced by `fill` (`n` in 0..=8).
+__attribute__((target("avx2,fma,f16c"))) inline __m256 keep_lanes(__m256 a, int n, float fill) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane));
+  return _mm256_blendv_ps(_mm256_set1_ps(fill), a, keep);
+}
+
+// One (row, head) pair's output over its `keys` weights `e` (the softmax's
+// numerators) and value rows, `NB` 8-lane blocks of it from lane `c` on,
+// held in registers over the keys: `out = inv · Σ_j e_j v_j`, `j` in order.
+template <typename T, int NB>
+__attribute__((target("avx2,fma,f16c"))) inline void weigh_values(const float* e, const View4<T>& v, int g, int keys,
+                                                                   int c, float inv, float* out) {
+  __m256 acc[NB];
+#pragma GCC unroll 8
+  for (int b = 0; b < NB; ++b) acc[b] = _mm256_setzero_ps();
+  for (int j = 0; j < keys; ++j) {
+    const __m256 w = _mm256_set1_ps(e[j]);
+    const T* vr = v.row(g, j) + c;
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) acc[b] = _mm256_fmadd_ps(w, load8(vr + 8 * b), acc[b]);
+  }
+  const __m256 s = _mm256_set1_ps(inv);
+#pragma GCC unroll 8
+  for (int b = 0; b < NB; ++b) _mm256_storeu_ps(out + c + 8 * b, _mm256_mul_ps(acc[b], s));
+}
+
 // The query heads `group` of KV head `g` at `rows` consecutive query rows, on
 // AVX2, over dense key and value rows (`D` a multiple of 8): row `r` sees
-// the first `first_keys + r` keys (causal). Each key and value row is read
-// once for every row and head of the call: the reads, not the arithmetic,
-// bound attention at long contexts, and a verify's rows would otherwise
-// read the whole cache once each. `q` holds row `r`, head `h` at
-// `(r * group + h) * d`; `out` likewise. Each (row, head) pair has its own
-// running max, sum and output, updated key by key in the same order and by
-// the same operations whatever the rows and heads around it: dot products
-// in two 8-lane accumulators (even and odd blocks, two FMA chains in
-// flight), added before the lane tree. So a row's result is bit for bit the
-// one a one-row call at its position gives.
+// the first `first_keys + r` keys (causal). `q` holds row `r`, head `h` at
+// `(r * group + h) * d`; `out` likewise; `scores` has `score_stride(...)`
+// floats per (row, head) pair. Each pair's result depends on nothing but its
+// own query and keys: scores go eight keys at a time (each key's dot
+// product one FMA chain over `D`, its lanes summed by `sum_lanes8`), each
+// block of keys read from memory once for every pair that sees it; the
+// exponentials eight at a time (`exp8`), summed in 8-lane partials then a
+// fixed tree; the values weighed key by key in order, in registers (value
+// rows read again for each pair come from L2: reading a block of them for
+// every pair before the next, so they came from L1, measured no faster). So a
+// row's result is bit for bit the one a one-row call at its position gives.
 template <typename T>
 __attribute__((target("avx2,fma,f16c"))) void attend_group_avx2(const float* q, int rows, int group,
                                                                  const View4<T>& k, const View4<T>& v, int g,
@@ -479,52 +540,68 @@ __attribute__((target("avx2,fma,f16c"))) void attend_group_avx2(const float* q, 
   const int blocks = d / 8;
   const int pairs = rows * group;
   const int keys_max = first_keys + rows - 1;
-  // The first row that sees key `j`.
-  const auto first_row = [&](int j) { return std::max(0, j - first_keys + 1); };
-  std::vector<float> mx(static_cast<size_t>(pairs), -INFINITY);
-  for (int j = 0; j < keys_max; ++j) {
-    const T* kr = k.row(g, j);
-    for (int p = first_row(j) * group; p < pairs; ++p) {
+  const int stride = score_stride(keys_max);
+  const auto keys_of = [&](int p) { return first_keys + p / group; };
+  std::vector<float> mx(static_cast<size_t>(pairs) * 8, -INFINITY);
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (int j0 = 0; j0 < keys_max; j0 += 8) {
+    // The block's key rows; past the last key, the last again (masked below).
+    const T* kr[8];
+    for (int i = 0; i < 8; ++i) kr[i] = k.row(g, std::min(j0 + i, keys_max - 1));
+    // The first row that sees key `j0`.
+    const int first = std::max(0, j0 - first_keys + 1);
+    for (int p = first * group; p < pairs; ++p) {
       const float* qh = q + static_cast<size_t>(p) * d;
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-      int b = 0;
-      for (; b + 1 < blocks; b += 2) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * b), load8(kr + 8 * b), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * b + 8), load8(kr + 8 * b + 8), a1);
-      }
-      if (b < blocks) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * b), load8(kr + 8 * b), a0);
-      alignas(32) float a[8];
-      _mm256_store_ps(a, _mm256_add_ps(a0, a1));
-      const float sc = scale * (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])));
-      scores[static_cast<size_t>(p) * keys_max + j] = sc;
-      mx[p] = std::max(mx[p], sc);
-    }
-  }
-  std::vector<float> sum(static_cast<size_t>(pairs), 0.0f);
-  for (int p = 0; p < pairs; ++p) {
-    float* sp = scores + static_cast<size_t>(p) * keys_max;
-    const int keys = first_keys + p / group;
-    for (int j = 0; j < keys; ++j) {
-      const float e = std::exp(sp[j] - mx[p]);
-      sp[j] = e;
-      sum[p] += e;
-    }
-  }
-  for (size_t c = 0; c < static_cast<size_t>(pairs) * d; ++c) out[c] = 0.0f;
-  for (int j = 0; j < keys_max; ++j) {
-    const T* vr = v.row(g, j);
-    for (int p = first_row(j) * group; p < pairs; ++p) {
-      const __m256 e = _mm256_set1_ps(scores[static_cast<size_t>(p) * keys_max + j]);
-      float* op = out + static_cast<size_t>(p) * d;
+      __m256 acc[8];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
       for (int b = 0; b < blocks; ++b) {
-        _mm256_storeu_ps(op + 8 * b, _mm256_fmadd_ps(e, load8(vr + 8 * b), _mm256_loadu_ps(op + 8 * b)));
+        const __m256 qv = _mm256_loadu_ps(qh + 8 * b);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, load8(kr[i] + 8 * b), acc[i]);
       }
+      __m256 s = _mm256_mul_ps(sum_lanes8(acc), sc);
+      const int seen = keys_of(p) - j0;
+      if (seen < 8) s = keep_lanes(s, seen, -INFINITY);
+      _mm256_storeu_ps(scores + static_cast<size_t>(p) * stride + j0, s);
+      float* m = mx.data() + static_cast<size_t>(p) * 8;
+      _mm256_storeu_ps(m, _mm256_max_ps(_mm256_loadu_ps(m), s));
     }
   }
+  std::vector<float> inv(static_cast<size_t>(pairs));
   for (int p = 0; p < pairs; ++p) {
-    const __m256 inv = _mm256_set1_ps(1.0f / sum[p]);
+    const float* m8 = mx.data() + static_cast<size_t>(p) * 8;
+    const float m = *std::max_element(m8, m8 + 8);
+    float* sp = scores + static_cast<size_t>(p) * stride;
+    const int keys = keys_of(p);
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 sum8 = _mm256_setzero_ps();
+    for (int j0 = 0; j0 < keys; j0 += 8) {
+      __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp + j0), mv));
+      if (keys - j0 < 8) e = keep_lanes(e, keys - j0, 0.0f);
+      _mm256_storeu_ps(sp + j0, e);
+      sum8 = _mm256_add_ps(sum8, e);
+    }
+    alignas(32) float a[8];
+    _mm256_store_ps(a, sum8);
+    inv[p] = 1.0f / (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])));
+  }
+  // Values: each pair's weighted sum over its keys, in registers, then scaled.
+  for (int p = 0; p < pairs; ++p) {
+    const float* sp = scores + static_cast<size_t>(p) * stride;
     float* op = out + static_cast<size_t>(p) * d;
-    for (int b = 0; b < blocks; ++b) _mm256_storeu_ps(op + 8 * b, _mm256_mul_ps(_mm256_loadu_ps(op + 8 * b), inv));
+    for (int c = 0; c < blocks; c += 8) {
+      switch (std::min(8, blocks - c)) {
+        case 1: weigh_values<T, 1>(sp, v, g, keys_of(p), 8 * c, inv[p], op); break;
+        case 2: weigh_values<T, 2>(sp, v, g, keys_of(p), 8 * c, inv[p], op); break;
+        case 3: weigh_values<T, 3>(sp, v, g, keys_of(p), 8 * c, inv[p], op); break;
+        case 4: weigh_values<T, 4>(sp, v, g, keys_of(p), 8 * c, inv[p], op); break;
+        case 5: weigh_values<T, 5>(sp, v, g, keys_of(p), 8 * c, inv[p], op); break;
+        case 6: weigh_values<T, 6>(sp, v, g, keys_of(p), 8 * c, inv[p], op); break;
+        case 7: weigh_values<T, 7>(sp, v, g, keys_of(p), 8 * c, inv[p], op); break;
+        default: weigh_values<T, 8>(sp, v, g, keys_of(p), 8 * c, inv[p], op); break;
+      }
+    }
   }
 }
 #endif
@@ -600,7 +677,7 @@ void attention_rows(View4<T> q, View4<T> k, View4<T> v, T* op, int hq, int hkv, 
     const int first_keys = s - l + i0 + 1;
     const size_t pairs = static_cast<size_t>(rows) * group;
     std::vector<float> qrows(pairs * d), out(pairs * d);
-    std::vector<float> scores(pairs * (first_keys + rows - 1));
+    std::vector<float> scores(pairs * static_cast<size_t>(score_stride(first_keys + rows - 1)));
     for (int r = 0; r < rows; ++r) {
       for (int h = 0; h < group; ++h) {
         widen_row(q.row(g * group + h, i0 + r), q.s3, d, qrows.data() + (static_cast<size_t>(r) * group + h) * d);

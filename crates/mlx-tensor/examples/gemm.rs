@@ -16,7 +16,7 @@
 use std::io::Write;
 use std::time::Instant;
 
-use mlx_tensor::{Dtype, Result, random};
+use mlx_tensor::{Array, Dtype, Result, random};
 
 struct Options {
     rounds: usize,
@@ -27,6 +27,11 @@ struct Options {
     /// Distinct weights multiplied per round (more than the caches hold
     /// read from memory, as a decode step's layers do).
     weights: usize,
+    /// With `--keys`: time the CPU attention instead (`m` query rows over
+    /// this many cached keys, one cache per `--weights`).
+    keys: Option<i32>,
+    /// Query heads, KV heads and head width of `--keys`.
+    heads: (i32, i32, i32),
 }
 
 fn parse() -> std::result::Result<Options, String> {
@@ -37,6 +42,8 @@ fn parse() -> std::result::Result<Options, String> {
         ms: vec![1, 4, 8],
         dtypes: vec![Dtype::Float32, Dtype::Bfloat16],
         weights: 1,
+        keys: None,
+        heads: (16, 8, 64),
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -47,6 +54,17 @@ fn parse() -> std::result::Result<Options, String> {
             "--k" => o.k = int(&value)?,
             "--weights" => o.weights = int(&value)?.max(1) as usize,
             "--n" => o.n = int(&value)?,
+            "--keys" => o.keys = Some(int(&value)?),
+            "--heads" => {
+                let v = value
+                    .split(',')
+                    .map(int)
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                let [hq, hkv, d] = v[..] else {
+                    return Err(format!("--heads {value}: want Hq,Hkv,D"));
+                };
+                o.heads = (hq, hkv, d);
+            }
             "--m" => {
                 o.ms = value
                     .split(',')
@@ -66,7 +84,7 @@ fn parse() -> std::result::Result<Options, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown option {other}; options: --rounds --k --n --m --dtypes --weights"
+                    "unknown option {other}; options: --rounds --k --n --m --dtypes --weights --keys --heads"
                 ));
             }
         }
@@ -80,6 +98,64 @@ fn name(d: Dtype) -> &'static str {
         Dtype::Float16 => "f16",
         _ => "f32",
     }
+}
+
+/// The median of `rounds` timed calls of `f` (after two warm-up calls), in µs.
+fn median_us(rounds: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..2 {
+        f()?;
+    }
+    let mut times: Vec<f64> = (0..rounds)
+        .map(|_| {
+            let t = Instant::now();
+            f()?;
+            Ok(t.elapsed().as_secs_f64() * 1e6)
+        })
+        .collect::<Result<_>>()?;
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// `--keys`: the CPU attention of `m` query rows over `keys` cached keys
+/// (`ops::attention_rows_cpu_cached`), one cache per `--weights`, all
+/// evaluated together, as a verify (m = k + 1) or a step (m = 1) pays it.
+fn attention(o: &Options, keys: i32, out: &mut impl Write) -> Result<()> {
+    let (hq, hkv, d) = o.heads;
+    let capacity = keys + 256;
+    for &dtype in &o.dtypes {
+        let caches = (0..o.weights)
+            .map(|i| {
+                let kv = |s: u64| -> Result<Array> {
+                    let a =
+                        random::normal(&[1, hkv, capacity, d], Dtype::Float32, &random::key(s)?)?
+                            .as_type(dtype)?;
+                    a.eval()?;
+                    Ok(a)
+                };
+                Ok((kv(2 * i as u64)?, kv(2 * i as u64 + 1)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for &m in &o.ms {
+            let q = random::normal(&[1, hq, m, d], Dtype::Float32, &random::key(99)?)?
+                .as_type(dtype)?;
+            q.eval()?;
+            let scale = 1.0 / (d as f32).sqrt();
+            let us = median_us(o.rounds, || {
+                let outs = caches
+                    .iter()
+                    .map(|(k, v)| mlx_tensor::ops::attention_rows_cpu_cached(&q, k, v, keys, scale))
+                    .collect::<Result<Vec<_>>>()?;
+                mlx_tensor::eval(&outs)
+            })?;
+            let _ = writeln!(
+                out,
+                r#"{{"bench":"attention","dtype":"{}","m":{m},"keys":{keys},"heads":[{hq},{hkv},{d}],"layers":{},"us":{us:.1}}}"#,
+                name(dtype),
+                o.weights
+            );
+        }
+    }
+    Ok(())
 }
 
 fn main() -> Result<()> {
@@ -97,6 +173,9 @@ fn main() -> Result<()> {
         mlx_tensor::blas_info()
     );
     let mut out = std::io::stdout().lock();
+    if let Some(keys) = o.keys {
+        return attention(&o, keys, &mut out);
+    }
     for &dtype in &o.dtypes {
         let mut ws = Vec::with_capacity(o.weights);
         for i in 0..o.weights {

@@ -4,7 +4,7 @@
 //!
 //! `cargo run --release -p runner --example scale-bench -- --model DIR --prompts FILE
 //! [--shape NAME] [--dtype f32|bf16] [--depths auto,4,3,2,1] [--tokens N]
-//! [--ttft-tokens 1000,600] [--profile-depth 3|1,2,3,4|none] [--passes N] [--deadline-s S]`
+//! [--ttft-tokens 1000,600|none] [--profile-depth 3|1,2,3,4|none] [--passes N] [--deadline-s S]`
 //!
 //! With `RUST_LOG` set (e.g. `runner::depth=trace`) the runner's logs go to
 //! stderr: the auto controller's decisions and rounds.
@@ -428,10 +428,13 @@ fn main() -> Res<()> {
         return Err("--passes must be at least 1".into());
     }
     let depths: Vec<DepthPolicy> = depths.split(',').map(parse_depth).collect::<Res<_>>()?;
+    // `none`, `0` or an empty list: no TTFT requests.
     let ttft: Vec<usize> = ttft
         .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| s.trim().parse::<usize>())
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && *s != "none")
+        .map(|s| s.parse::<usize>())
+        .filter(|n| *n != Ok(0))
         .collect::<Result<_, _>>()?;
     // The measurement switches this run was started with, on every row, so a
     // row says which kernels and paths it measured.

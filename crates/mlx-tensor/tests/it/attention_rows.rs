@@ -57,8 +57,8 @@ fn values(a: &Array) -> Vec<f32> {
     a.as_type(Dtype::Float32).unwrap().to_vec::<f32>().unwrap()
 }
 
-/// Every dtype, 1–40 rows (past 16 a prefill chunk's rows go in blocks), grouped and ungrouped heads, head widths 64 and
-/// 20 (a tail), keys from as many as the rows to past the size that splits
+/// Every dtype, 1–40 rows (past 16 a prefill chunk's rows go in blocks), grouped and ungrouped heads, head widths 64,
+/// 136 (past the 64 lanes the AVX2 kernel holds in registers) and 20 (a tail), keys a multiple of 8 and not, from as many as the rows to past the size that splits
 /// the work over threads; the keys and values are the first `s` slots of a
 /// larger cache buffer (strided across heads). f32 within 2e-6 of the f64
 /// result's scale; bf16 / f16 within their rounding.
@@ -69,8 +69,16 @@ fn attention_rows_matches_a_float64_reference_in_every_dtype() {
         (Dtype::Bfloat16, 1.6e-2),
         (Dtype::Float16, 2e-3),
     ] {
-        for (hq, hkv, d) in [(8, 4, 64), (4, 4, 20), (6, 1, 32)] {
-            for (l, s) in [(1, 1), (1, 300), (2, 2), (5, 37), (16, 700), (40, 90)] {
+        for (hq, hkv, d) in [(8, 4, 64), (4, 4, 20), (6, 1, 32), (4, 2, 136)] {
+            for (l, s) in [
+                (1, 1),
+                (1, 300),
+                (2, 2),
+                (3, 8),
+                (5, 37),
+                (16, 700),
+                (40, 90),
+            ] {
                 let cap = s + 9;
                 let seed = (hq * 1000 + l * 10 + s) as u64;
                 let q = arr(
