@@ -368,36 +368,65 @@ ArrPtr sdpa_masked(const Arr& q, const Arr& k, const Arr& v, float scale, const 
   return wrap(mx::fast::scaled_dot_product_attention(q.a, k.a, v.a, scale, "array", mask.a));
 }
 
-// MLX's kernel object for one (name, source, input and output names, row_contiguous), made once per
-// process. Making it scans the source for every input's shape, strides and ndim names and copies
-// the source: tens of microseconds, which a decode step paid for each of its dozens of kernel calls
-// (their graph building doubled at the 8B shape). The object itself holds no arrays.
-static const mx::fast::CustomKernelFunction& cached_cuda_kernel(rust::Str name, rust::Str source,
-                                                                 const std::vector<std::string>& in_names,
-                                                                 const std::vector<std::string>& out_names,
-                                                                 bool row_contiguous) {
-  static std::mutex lock;
-  static std::unordered_map<std::string, std::unique_ptr<mx::fast::CustomKernelFunction>> made;
-  std::string key(name);
-  key.push_back('\0');
-  key.append(source.data(), source.size());
-  for (const auto& n : in_names) key.append(1, '\0').append(1, 'i').append(n);
-  for (const auto& n : out_names) key.append(1, '\0').append(1, 'o').append(n);
-  key.push_back(row_contiguous ? 'r' : 's');
-  std::lock_guard<std::mutex> guard(lock);
-  auto& slot = made[key];
-  if (!slot) {
-    slot = std::make_unique<mx::fast::CustomKernelFunction>(
-        mx::fast::cuda_kernel(std::string(name), in_names, out_names, std::string(source), "", row_contiguous, 0));
-  }
-  return *slot;
+// One kernel function of ours (name, source, input and output names, row_contiguous) and the MLX
+// primitives built for it, one per launch signature (input dtypes and ranks, output dtypes, template
+// values, grid, block, stream).
+//
+// Why: MLX's kernel function builds the kernel's whole source text (its header, the signature, the
+// template constants, the body: several KB of string appends) and a new primitive at every call,
+// before any hashing at evaluation; a verify at the 8B shape makes ~200 such calls (the heads, the
+// short-query attention's two kernels, the few-rows matmuls, SwiGLU per layer). The primitive holds
+// no arrays and no per-node state, so one built for a launch signature serves every later call
+// with that signature, as MLX's own `compile` reuses primitives when it replays a graph. The entry
+// is found by the address of the caller's source and name (constants in practice) and then
+// checked against their text, so a different text at a reused address rebuilds it.
+// `MTP_KERNEL_REUSE=0` builds every call through MLX's function, for measurement.
+struct KernelEntry {
+  std::string name, source;
+  std::vector<std::string> in_names, out_names;
+  bool row_contiguous = false;
+  std::unique_ptr<mx::fast::CustomKernelFunction> fn;
+  std::unordered_map<std::string, std::shared_ptr<mx::Primitive>> built;
+};
+
+// Launch signatures kept per kernel: the short-query attention's grid grows with the key count
+// (one chunk of keys per block), so a long context makes new ones; past this many, the entry
+// starts over.
+constexpr size_t kMaxBuiltPerKernel = 512;
+
+static bool kernel_reuse() {
+  static const bool on = [] {
+    const char* v = std::getenv("MTP_KERNEL_REUSE");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
 }
 
-std::unique_ptr<ArrList> cuda_kernel(rust::Str name, rust::Str source, rust::Slice<const rust::String> input_names,
-                                     const ArrList& inputs, rust::Slice<const rust::String> output_names,
+template <typename T>
+static void put(std::string& key, const T& v) {
+  key.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+static bool same_names(const std::vector<std::string>& a, rust::Slice<const rust::Str> b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size()) != 0) return false;
+  }
+  return true;
+}
+
+static std::vector<std::string> to_strings(rust::Slice<const rust::Str> names) {
+  std::vector<std::string> out;
+  out.reserve(names.size());
+  for (auto n : names) out.emplace_back(n.data(), n.size());
+  return out;
+}
+
+std::unique_ptr<ArrList> cuda_kernel(rust::Str name, rust::Str source, rust::Slice<const rust::Str> input_names,
+                                     const ArrList& inputs, rust::Slice<const rust::Str> output_names,
                                      rust::Slice<const int32_t> out_dims, rust::Slice<const int32_t> out_ranks,
                                      rust::Slice<const uint8_t> out_dtypes, rust::Slice<const int32_t> grid,
-                                     rust::Slice<const int32_t> block, rust::Slice<const rust::String> tmpl_names,
+                                     rust::Slice<const int32_t> block, rust::Slice<const rust::Str> tmpl_names,
                                      rust::Slice<const int32_t> tmpl_values, bool row_contiguous) {
   if (grid.size() != 3 || block.size() != 3) throw std::invalid_argument("cuda_kernel: grid and block take 3 sizes");
   if (out_ranks.size() != output_names.size() || out_dtypes.size() != output_names.size())
@@ -406,9 +435,6 @@ std::unique_ptr<ArrList> cuda_kernel(rust::Str name, rust::Str source, rust::Sli
   if (inputs.items.size() != input_names.size())
     throw std::invalid_argument("cuda_kernel: " + std::to_string(input_names.size()) + " input names but " +
                                 std::to_string(inputs.items.size()) + " inputs");
-  std::vector<std::string> in_names, out_names;
-  for (auto& n : input_names) in_names.emplace_back(std::string(n));
-  for (auto& n : output_names) out_names.emplace_back(std::string(n));
   std::vector<mx::Shape> shapes;
   std::vector<mx::Dtype> dtypes;
   size_t at = 0;
@@ -419,14 +445,65 @@ std::unique_ptr<ArrList> cuda_kernel(rust::Str name, rust::Str source, rust::Sli
     at += r;
     dtypes.push_back(to_dtype(static_cast<DtypeCode>(out_dtypes[i])));
   }
+  const mx::Stream stream = mx::default_stream(mx::default_device());
+
+  static std::mutex lock;
+  static std::unordered_map<std::string, KernelEntry> kernels;
+  std::string id;
+  put(id, name.data());
+  put(id, name.size());
+  put(id, source.data());
+  put(id, source.size());
+  put(id, row_contiguous);
+  std::string launch;
+  put(launch, stream.index);
+  for (const auto& x : inputs.items) {
+    put(launch, static_cast<int>(x.dtype().val()));
+    put(launch, x.ndim() > 0);
+  }
+  for (const auto& d : dtypes) put(launch, static_cast<int>(d.val()));
+  for (size_t i = 0; i < tmpl_names.size(); ++i) {
+    launch.append(tmpl_names[i].data(), tmpl_names[i].size()).push_back('\0');
+    put(launch, tmpl_values[i]);
+  }
+  for (int i = 0; i < 3; ++i) put(launch, grid[i]);
+  for (int i = 0; i < 3; ++i) put(launch, block[i]);
+
+  std::shared_ptr<mx::Primitive> prim;
+  std::lock_guard<std::mutex> guard(lock);
+  KernelEntry& e = kernels[id];
+  if (!e.fn || e.row_contiguous != row_contiguous || e.name.size() != name.size() ||
+      std::memcmp(e.name.data(), name.data(), name.size()) != 0 || e.source.size() != source.size() ||
+      std::memcmp(e.source.data(), source.data(), source.size()) != 0 || !same_names(e.in_names, input_names) ||
+      !same_names(e.out_names, output_names)) {
+    e = KernelEntry{};
+    e.name.assign(name.data(), name.size());
+    e.source.assign(source.data(), source.size());
+    e.in_names = to_strings(input_names);
+    e.out_names = to_strings(output_names);
+    e.row_contiguous = row_contiguous;
+    e.fn = std::make_unique<mx::fast::CustomKernelFunction>(
+        mx::fast::cuda_kernel(e.name, e.in_names, e.out_names, e.source, "", row_contiguous, 0));
+  }
+  const bool reuse = kernel_reuse();
+  if (reuse) {
+    auto found = e.built.find(launch);
+    if (found != e.built.end()) prim = found->second;
+  }
+  auto list = std::make_unique<ArrList>();
+  if (prim) {
+    list->items = mx::array::make_arrays(std::move(shapes), dtypes, prim, inputs.items);
+    return list;
+  }
   std::vector<std::pair<std::string, mx::fast::TemplateArg>> tmpl;
   for (size_t i = 0; i < tmpl_names.size(); ++i)
     tmpl.emplace_back(std::string(tmpl_names[i]), mx::fast::TemplateArg(int(tmpl_values[i])));
-  auto& kernel = cached_cuda_kernel(name, source, in_names, out_names, row_contiguous);
-  auto outs = kernel(inputs.items, shapes, dtypes, {grid[0], grid[1], grid[2]}, {block[0], block[1], block[2]}, tmpl,
-                     std::nullopt, false, {});
-  auto list = std::make_unique<ArrList>();
-  list->items = std::move(outs);
+  list->items = (*e.fn)(inputs.items, shapes, dtypes, {grid[0], grid[1], grid[2]}, {block[0], block[1], block[2]},
+                        tmpl, std::nullopt, false, stream);
+  if (reuse && !list->items.empty()) {
+    if (e.built.size() >= kMaxBuiltPerKernel) e.built.clear();
+    e.built.emplace(std::move(launch), list->items[0].primitive_ptr());
+  }
   return list;
 }
 

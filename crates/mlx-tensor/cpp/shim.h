@@ -143,11 +143,11 @@ ArrPtr rope(const Arr& x, int32_t dims, bool traditional, float base, float scal
 ArrPtr rope_freqs(const Arr& x, int32_t dims, bool traditional, float scale, int32_t offset, const Arr& freqs);
 ArrPtr sdpa(const Arr& q, const Arr& k, const Arr& v, float scale, bool causal);
 ArrPtr sdpa_masked(const Arr& q, const Arr& k, const Arr& v, float scale, const Arr& mask);
-std::unique_ptr<ArrList> cuda_kernel(rust::Str name, rust::Str source, rust::Slice<const rust::String> input_names,
-                                     const ArrList& inputs, rust::Slice<const rust::String> output_names,
+std::unique_ptr<ArrList> cuda_kernel(rust::Str name, rust::Str source, rust::Slice<const rust::Str> input_names,
+                                     const ArrList& inputs, rust::Slice<const rust::Str> output_names,
                                      rust::Slice<const int32_t> out_dims, rust::Slice<const int32_t> out_ranks,
                                      rust::Slice<const uint8_t> out_dtypes, rust::Slice<const int32_t> grid,
-                                     rust::Slice<const int32_t> block, rust::Slice<const rust::String> tmpl_names,
+                                     rust::Slice<const int32_t> block, rust::Slice<const rust::Str> tmpl_names,
                                      rust::Slice<const int32_t> tmpl_values, bool row_contiguous);
 
 // Random numbers from explicit keys.

@@ -118,7 +118,6 @@ impl CudaKernel<'_> {
     /// and returns its outputs.
     #[track_caller]
     pub fn apply(&self, inputs: &[&Array], launch: &CudaLaunch<'_>) -> Result<Vec<Array>> {
-        let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
         let dims: Vec<i32> = launch
             .outputs
             .iter()
@@ -132,15 +131,15 @@ impl CudaKernel<'_> {
             inner: check(sys::cuda_kernel(
                 self.name,
                 self.source,
-                &names(self.inputs),
+                self.inputs,
                 list.raw(),
-                &names(self.outputs),
+                self.outputs,
                 &dims,
                 &ranks,
                 &dtypes,
                 &launch.grid,
                 &launch.block,
-                &names(&tnames),
+                &tnames,
                 &tvalues,
                 self.row_contiguous,
             ))?,

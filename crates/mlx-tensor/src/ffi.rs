@@ -263,15 +263,15 @@ pub(crate) mod sys {
         fn cuda_kernel(
             name: &str,
             source: &str,
-            input_names: &[String],
+            input_names: &[&str],
             inputs: &ArrList,
-            output_names: &[String],
+            output_names: &[&str],
             out_dims: &[i32],
             out_ranks: &[i32],
             out_dtypes: &[u8],
             grid: &[i32],
             block: &[i32],
-            tmpl_names: &[String],
+            tmpl_names: &[&str],
             tmpl_values: &[i32],
             row_contiguous: bool,
         ) -> Result<UniquePtr<ArrList>>;

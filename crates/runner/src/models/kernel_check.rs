@@ -44,6 +44,9 @@ const ROWS_BF16_TOLERANCE: f32 = 2e-2;
 /// rounding (2^-8 of a value) and the f32 softmax's order (session 15:
 /// 1.8e-3 to 2.8e-3).
 const SHORT_ATTENTION_BF16_TOLERANCE: f32 = 1.5e-2;
+/// SwiGLU in bf16 against MLX's ops, which round to bf16 after each op
+/// where the kernel rounds once: a few units of 2^-8.
+const SWIGLU_BF16_TOLERANCE: f32 = 2e-2;
 
 /// `max |got − want| ÷ max |want|`, both read as f32; infinite when the
 /// lengths differ, `got` is not all finite or `want` is all zeros (a
@@ -94,6 +97,14 @@ pub fn kernel_checks() -> Result<Vec<KernelCheck>> {
             dtype: "bf16",
             rel_err: err,
             tolerance: ROWS_BF16_TOLERANCE,
+        });
+    }
+    if let Some(err) = super::swiglu::self_check()? {
+        out.push(KernelCheck {
+            kernel: "swiglu",
+            dtype: "bf16",
+            rel_err: err,
+            tolerance: SWIGLU_BF16_TOLERANCE,
         });
     }
     if let Some(err) = super::short_sdpa::self_check()? {

@@ -73,6 +73,39 @@ pub(crate) fn swiglu(gu: &Array, half: i32) -> Result<Array> {
     Ok(KERNEL.apply(&[gu], &launch)?.remove(0))
 }
 
+/// The kernel against MLX's ops on the default device, as the worst
+/// relative error (`None` off CUDA): three inputs of one shape, so every
+/// call after the first reuses the primitive built for that launch (the
+/// shim's kernel reuse), two of them in one graph and one evaluated after
+/// it; each must compute on its own inputs.
+pub(crate) fn self_check() -> Result<Option<f32>> {
+    use mlx_tensor::random;
+    if !crate::models::sdpa::on_cuda() {
+        return Ok(None);
+    }
+    let half = 1536;
+    let rand = |seed: u64| -> Result<Array> {
+        Ok(
+            random::normal(&[1, 5, 2 * half], Dtype::Float32, &random::key(seed)?)?
+                .as_type(Dtype::Bfloat16)?,
+        )
+    };
+    let reference = |gu: &Array| -> Result<Array> {
+        let g = gu.slice_axis(-1, 0, half)?;
+        let u = gu.slice_axis(-1, half, 2 * half)?;
+        silu_mul(&g, &u)
+    };
+    let (a, b, c) = (rand(11)?, rand(12)?, rand(13)?);
+    let (ya, yb) = (swiglu(&a, half)?, swiglu(&b, half)?);
+    mlx_tensor::eval([&ya, &yb])?;
+    let yc = swiglu(&c, half)?;
+    let mut worst = 0.0f32;
+    for (y, gu) in [(&ya, &a), (&yb, &b), (&yc, &c)] {
+        worst = worst.max(super::kernel_check::rel_err(y, &reference(gu)?)?);
+    }
+    Ok(Some(worst))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
