@@ -12,6 +12,11 @@
 //!
 //! Run with `cargo xtask bench gemm` (a release build), or
 //! `cargo run --release -p mlx-tensor --example gemm -- [--rounds N] [--k K] [--n N] [--m 1,4,8] [--dtypes f32,bf16] [--weights N]`.
+//!
+//! `--keys S [--heads Hq,Hkv,D]` times the CPU attention instead
+//! (`"bench":"attention"`): `m` query rows over `S` cached keys
+//! (`ops::attention_rows_cpu_cached`), one cache per `--weights` (a layer
+//! each), evaluated together, as a verify (`m` = depth + 1) or a step pays it.
 
 use std::io::Write;
 use std::time::Instant;
@@ -100,7 +105,8 @@ fn name(d: Dtype) -> &'static str {
     }
 }
 
-/// The median of `rounds` timed calls of `f` (after two warm-up calls), in µs.
+/// The median of `rounds` timed calls of `f`, in µs, after two warm-up calls
+/// (first-touch allocations and thread start-up).
 fn median_us(rounds: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     for _ in 0..2 {
         f()?;
@@ -215,19 +221,7 @@ fn main() -> Result<()> {
                         .collect::<Result<Vec<_>>>()?;
                     mlx_tensor::eval(&outs)
                 };
-                // Two warm-up rounds: first-touch allocations and thread start-up.
-                for _ in 0..2 {
-                    product()?;
-                }
-                let mut times: Vec<f64> = (0..o.rounds)
-                    .map(|_| {
-                        let t = Instant::now();
-                        product()?;
-                        Ok(t.elapsed().as_secs_f64() * 1e6)
-                    })
-                    .collect::<Result<_>>()?;
-                times.sort_by(f64::total_cmp);
-                let us = times[times.len() / 2];
+                let us = median_us(o.rounds, product)?;
                 let line = format!(
                     r#"{{"bench":"gemm","kernel":"{kernel}","dtype":"{}","m":{m},"k":{},"n":{},"weights":{},"us":{us:.1}}}"#,
                     name(dtype),
