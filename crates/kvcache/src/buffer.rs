@@ -78,8 +78,18 @@ pub(crate) fn grow(
 /// on; `MTP_CPU_KV_WRITE=0` sends them to MLX's `slice_update`, to compare).
 fn cpu_kv_write() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MTP_CPU_KV_WRITE").map_or(true, |v| v != "0"))
-        && mlx_tensor::default_device() == Device::Cpu
+    *ON.get_or_init(|| match std::env::var("MTP_CPU_KV_WRITE").as_deref() {
+        Err(_) | Ok("1") => true,
+        Ok("0") => false,
+        Ok(other) => {
+            tracing::warn!(
+                variable = "MTP_CPU_KV_WRITE",
+                value = other,
+                "not 0 or 1; keeping the default (on)"
+            );
+            true
+        }
+    }) && mlx_tensor::default_device() == Device::Cpu
 }
 
 /// Writes `src[:, :, from..from+len]` into `buffer[:, :, slot..slot+len]`.
