@@ -299,6 +299,12 @@ impl Linear {
             Kernel::Dense {
                 batched: Some(b), ..
             } if x.ndim() == 3 && x.dim(0) == 1 => x.matmul(b)?,
+            Kernel::Dense { wt, .. } if widens_on_cpu(x, wt) => {
+                use mlx_tensor::Dtype;
+                x.as_type(Dtype::Float32)?
+                    .matmul(&wt.as_type(Dtype::Float32)?)?
+                    .as_type(x.dtype())?
+            }
             Kernel::Dense { wt, .. } => x.matmul(wt)?,
             Kernel::Quantized(q) => q.matmul_t(x)?,
         };
@@ -341,6 +347,30 @@ fn takes_cpu_rows(dtype: mlx_tensor::Dtype) -> bool {
     use mlx_tensor::Dtype;
     mlx_tensor::default_device() == mlx_tensor::Device::Cpu
         && matches!(dtype, Dtype::Float32 | Dtype::Bfloat16 | Dtype::Float16)
+}
+
+/// The largest weight whose f32 copy [`widens_on_cpu`] makes for one
+/// product (a transient of this many bytes per matmul node in flight).
+const WIDEN_MAX_BYTES: usize = 512 << 20;
+
+/// Whether a bf16 or f16 product of more rows than our few-rows kernel takes
+/// (a prefill chunk, an MTP flush span) runs in f32 on the CPU: `x` and `wt`
+/// widened, MLX's f32 matmul (OpenBLAS), the product rounded back.
+///
+/// Why: MLX's CPU matmul in bf16 is not BLAS but a loop whose cost grows
+/// with the rows: `examples/gemm.rs --k 256 --n 1536 --weights 6 --m
+/// 8,16,64`, median µs, bf16 9,095 / 16,506 / 75,128 against f32 1,532 /
+/// 1,188 / 2,597, and tiny-mtp's 1,000-token prompt took 8.1 s to its first
+/// token in bf16 against 0.41 s in f32. The widened product accumulates in
+/// f32 and rounds once, as our few-rows kernel does. Weights whose f32 copy
+/// would pass [`WIDEN_MAX_BYTES`] (a large vocabulary's unembedding) keep
+/// MLX's path.
+fn widens_on_cpu(x: &Array, wt: &Array) -> bool {
+    use mlx_tensor::Dtype;
+    mlx_tensor::default_device() == mlx_tensor::Device::Cpu
+        && matches!(x.dtype(), Dtype::Bfloat16 | Dtype::Float16)
+        && wt.dtype() == x.dtype()
+        && wt.size() * 4 <= WIDEN_MAX_BYTES
 }
 
 /// `wt` `[in, out]` viewed as `[1, in, out]` (the same buffer) on a GPU;
@@ -701,6 +731,46 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// In bf16 and f16 on the CPU, a product of more rows than the few-rows
+    /// kernel takes (9, 40) runs widened to f32 and rounded once: within one
+    /// output rounding of the f32 product of the same (rounded) operands, and
+    /// each of its rows within one rounding of that row through the few-rows
+    /// kernel (which also sums in f32 and rounds once). `|y|` here reaches ~60,
+    /// whose bf16 unit is 0.25 (f16's 0.03).
+    #[test]
+    fn a_half_precision_product_of_many_rows_runs_in_f32_on_the_cpu() {
+        for (dtype, unit) in [(Dtype::Bfloat16, 0.5f32), (Dtype::Float16, 0.07)] {
+            let w = random::normal(&[200, 300], Dtype::Float32, &random::key(3).unwrap())
+                .unwrap()
+                .as_type(dtype)
+                .unwrap();
+            let layer = Linear::from_weight(&w, None, LinearLayout::TransposedView).unwrap();
+            let wt = w.t().unwrap();
+            assert!(widens_on_cpu(
+                &rand(&[1, 9, 300], 4).as_type(dtype).unwrap(),
+                &wt
+            ));
+            for rows in [9, 40] {
+                let x = random::normal(&[1, rows, 300], Dtype::Float32, &random::key(5).unwrap())
+                    .unwrap()
+                    .as_type(dtype)
+                    .unwrap();
+                let got = layer.forward(&x).unwrap();
+                assert_eq!(got.dtype(), dtype);
+                let f32 = |a: &Array| a.as_type(Dtype::Float32).unwrap();
+                let want = f32(&x).matmul(&f32(&wt)).unwrap();
+                let diff = max_diff(&f32(&got), &want);
+                assert!(diff <= unit, "{dtype:?} {rows} rows: max diff {diff}");
+                let one = layer.forward(&x.slice_axis(1, 3, 4).unwrap()).unwrap();
+                let diff = max_diff(&f32(&one), &f32(&got.slice_axis(1, 3, 4).unwrap()));
+                assert!(
+                    diff <= unit,
+                    "{dtype:?} row 3 alone vs among {rows}: {diff}"
+                );
+            }
+        }
     }
 
     /// The stacked layer's split outputs equal each part applied alone, for
