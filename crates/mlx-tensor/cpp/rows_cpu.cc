@@ -142,11 +142,17 @@ class Pool {
 };
 
 
+// Eight lane partials summed in one fixed tree (every kernel here that sums
+// lanes uses it, so a sum's order never depends on its neighbours).
+inline float lane_tree(const float a[8]) {
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
 // One (row, feature) sum from its eight lane partials: a fixed tree over the
 // lanes, then the `K % 8` tail in order. Both kernels end every sum here.
 template <typename W>
 inline float finish(const float a[8], const float* xr, const W* wf, int k8, int k) {
-  float s = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+  float s = lane_tree(a);
   for (int c = k8; c < k; ++c) s = std::fma(xr[c], widen(wf[c]), s);
   return s;
 }
@@ -448,7 +454,7 @@ inline float dot_portable(const float* q, const T* k, int d) {
   for (int c = 0; c < d8; c += 8) {
     for (int l = 0; l < 8; ++l) a[l] = std::fma(q[c + l], widen(k[c + l]), a[l]);
   }
-  float s = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+  float s = lane_tree(a);
   for (int c = d8; c < d; ++c) s = std::fma(q[c], widen(k[c]), s);
   return s;
 }
@@ -584,7 +590,7 @@ __attribute__((target("avx2,fma,f16c"))) void attend_group_avx2(const float* q, 
     }
     alignas(32) float a[8];
     _mm256_store_ps(a, sum8);
-    inv[p] = 1.0f / (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])));
+    inv[p] = 1.0f / lane_tree(a);
   }
   // Values: each pair's weighted sum over its keys, in registers, then scaled.
   for (int p = 0; p < pairs; ++p) {

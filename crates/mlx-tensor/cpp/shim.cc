@@ -391,8 +391,10 @@ struct KernelEntry {
 
 // Launch signatures kept per kernel: the short-query attention's grid grows with the key count
 // (one chunk of keys per block), so a long context makes new ones; past this many, the entry
-// starts over.
+// starts over. Likewise the kernels kept: a caller whose source lives at a new address each call
+// (a formatted string) makes a new entry each time, so past this many the table starts over.
 constexpr size_t kMaxBuiltPerKernel = 512;
+constexpr size_t kMaxKernels = 256;
 
 static bool kernel_reuse() {
   static const bool on = [] {
@@ -471,6 +473,7 @@ std::unique_ptr<ArrList> cuda_kernel(rust::Str name, rust::Str source, rust::Sli
 
   std::shared_ptr<mx::Primitive> prim;
   std::lock_guard<std::mutex> guard(lock);
+  if (kernels.size() >= kMaxKernels && kernels.find(id) == kernels.end()) kernels.clear();
   KernelEntry& e = kernels[id];
   if (!e.fn || e.row_contiguous != row_contiguous || e.name.size() != name.size() ||
       std::memcmp(e.name.data(), name.data(), name.size()) != 0 || e.source.size() != source.size() ||
