@@ -4,7 +4,8 @@
 //!
 //! `cargo run --release -p runner --example scale-bench -- --model DIR --prompts FILE
 //! [--shape NAME] [--dtype f32|bf16] [--depths auto,4,3,2,1] [--tokens N]
-//! [--ttft-tokens 1000,600|none] [--profile-depth 3|1,2,3,4|none] [--passes N] [--deadline-s S]`
+//! [--ttft-tokens 1000,600|none] [--profile-depth 3|1,2,3,4|none] [--passes N] [--deadline-s S]
+//! [--rows-time 0,1,3]`
 //!
 //! With `RUST_LOG` set (e.g. `runner::depth=trace`) the runner's logs go to
 //! stderr: the auto controller's decisions and rounds.
@@ -24,6 +25,10 @@
 //!   (`short`: our kernels, `explicit`) and `rows` (2–5, 8, 16):
 //!   `us_per_call`, the median over three batches of 64 independent calls
 //!   evaluated at once.
+//! * `kind: "rows-time"` (bf16 on a GPU, with `--rows-time 0,1,...`, which
+//!   then measures nothing else): one product's time at the model's shapes,
+//!   per row count and path (`mlx`, `rows-vN`): `us_per_call`, `gbps`,
+//!   `rel_err` against MLX's product.
 //! * `kind: "host"`: the host cost of a plain step, and of synced forwards of 1, 2
 //!   and 5 rows phase by phase (`examples/support/host.rs`).
 //! * `kind: "decode"`, per (method, depth): `tokens_per_s` = tokens after each
@@ -82,6 +87,8 @@ const SWITCHES: &[&str] = &[
     "MTP_ROWS_KERNEL",
     "MTP_ROWS_KERNEL_ONE",
     "MTP_ROWS_KERNEL_MAX_MIB",
+    "MTP_ROWS_VARIANT",
+    "MLX_MAX_MB_PER_BUFFER",
     "MTP_READ_CONTIGUOUS",
     "MTP_ATTENTION",
     "MTP_KV_RESERVE",
@@ -149,6 +156,102 @@ fn attention_time(hq: i32, hkv: i32, d: i32, row: &dyn Fn(Value) -> Value) -> Re
                 json!({"kind": "attention-time", "path": path, "heads": hq, "kv_heads": hkv,
                        "head_dim": d, "rows": l, "keys": s, "us_per_call": host::median(times)}),
             ))?;
+        }
+    }
+    Ok(())
+}
+
+/// Device time of one bf16 `x @ W.T` at the model's own product shapes
+/// (`qkv`, `o`, `gate_up`, `down`, `unembed`), per row count and path
+/// (`mlx`: MLX's matmul, its GEMV for one row and cuBLASLt for more;
+/// `rows-vN`: our few-rows kernel with load scheme N): 32 calls evaluated
+/// at once over distinct weights (at least 512 MiB in all, so L2 holds
+/// none between calls), after a warm-up. `gbps` is weight bytes read per
+/// second. One `rows-time` row per case.
+fn rows_time(c: &runner::ModelConfig, variants: &[i32], row: &dyn Fn(Value) -> Value) -> Res<()> {
+    const CALLS: usize = 32;
+    let n = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
+    let (h, i, d) = (n(c.hidden_size), n(c.intermediate_size), n(c.head_dim));
+    let (hq, hkv) = (n(c.num_attention_heads), n(c.num_key_value_heads));
+    let shapes = [
+        ("qkv", (hq + 2 * hkv) * d, h),
+        ("o", h, hq * d),
+        ("gate_up", 2 * i, h),
+        ("down", h, i),
+        ("unembed", n(c.vocab_size), h),
+    ];
+    for (name, out, k) in shapes {
+        if out % 16 != 0 || k % 32 != 0 {
+            continue;
+        }
+        let bytes = out as u64 * k as u64 * 2;
+        let copies = (512u64 << 20).div_ceil(bytes).clamp(2, 16) as usize;
+        let rnd =
+            |shape: &[i32], j: u64| -> Res<Array> {
+                let key = mlx_tensor::random::key(900 + j)?;
+                Ok(mlx_tensor::random::normal(shape, Dtype::Float32, &key)?
+                    .as_type(Dtype::Bfloat16)?)
+            };
+        let ws = (0..copies)
+            .map(|j| rnd(&[out, k], j as u64))
+            .collect::<Res<Vec<_>>>()?;
+        mlx_tensor::eval(&ws)?;
+        let wts = ws.iter().map(|w| w.t()).collect::<Result<Vec<_>, _>>()?;
+        for rows in [1, 2, 5, 8] {
+            let x = rnd(&[rows, k], 77)?;
+            x.eval()?;
+            // The kernel at a verify's row counts (each count is a compile).
+            let kernel = rows == 2 || rows == 5;
+            let paths = std::iter::once(-1).chain(variants.iter().copied().filter(|_| kernel));
+            for v in paths {
+                let call = |j: usize| -> Res<Array> {
+                    Ok(if v < 0 {
+                        x.matmul(&wts[j % copies])?
+                    } else {
+                        runner::testing::rows_matmul_t(&x, &ws[j % copies], v)?
+                    })
+                };
+                let mut times = Vec::new();
+                for rep in 0..4 {
+                    let t = Instant::now();
+                    let outs = (0..CALLS).map(call).collect::<Res<Vec<_>>>()?;
+                    mlx_tensor::eval(&outs)?;
+                    if rep > 0 {
+                        times.push(t.elapsed().as_secs_f64() * 1e6 / CALLS as f64);
+                    }
+                }
+                let us = host::median(times);
+                let path = if v < 0 {
+                    "mlx".to_owned()
+                } else {
+                    format!("rows-v{v}")
+                };
+                // The kernel's worst difference from MLX's product ÷ its range.
+                let rel_err = if v < 0 {
+                    0.0
+                } else {
+                    let f = |a: Array| -> Res<Vec<f32>> {
+                        Ok(a.as_type(Dtype::Float32)?.to_vec::<f32>()?)
+                    };
+                    let (got, want) = (f(call(0)?)?, f(x.matmul(&wts[0])?)?);
+                    let range = want.iter().fold(0.0f32, |a, b| a.max(b.abs()));
+                    let diff = got
+                        .iter()
+                        .zip(&want)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0.0f32, f32::max);
+                    if got.iter().all(|g| g.is_finite()) {
+                        diff / range
+                    } else {
+                        f32::INFINITY
+                    }
+                };
+                emit(&row(
+                    json!({"kind": "rows-time", "product": name, "n": out, "k": k,
+                                 "rows": rows, "path": path, "us_per_call": us,
+                                 "gbps": bytes as f64 / us / 1e3, "rel_err": rel_err}),
+                ))?;
+            }
         }
     }
     Ok(())
@@ -378,6 +481,7 @@ fn main() -> Res<()> {
     let mut profile: Vec<usize> = vec![3];
     let mut ttft = "1000,600".to_owned();
     let mut passes = 1usize;
+    let mut rows_variants: Option<Vec<i32>> = None;
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
@@ -402,6 +506,15 @@ fn main() -> Res<()> {
             }
             "--ttft-tokens" => ttft = val()?,
             "--passes" => passes = val()?.parse()?,
+            "--rows-time" => {
+                let v = val()?;
+                rows_variants = Some(
+                    v.split(',')
+                        .map(|s| s.trim().parse::<i32>())
+                        .collect::<Result<_, _>>()
+                        .map_err(|_| format!("--rows-time {v}: load schemes like 0,1,3"))?,
+                );
+            }
             "--deadline-s" => deadline = Some(Duration::from_secs_f64(val()?.parse()?)),
             other => return Err(format!("unknown argument {other}").into()),
         }
@@ -492,6 +605,10 @@ fn main() -> Res<()> {
             n(c.num_key_value_heads),
             n(c.head_dim),
         );
+        if let Some(v) = &rows_variants {
+            // A probe of its own: the products only, no decoding.
+            return rows_time(c, v, &row);
+        }
         attention_time(hq, hkv, d, &row)?;
     }
     // The host cost of a plain step (graph build, op count, synced and

@@ -26,6 +26,7 @@ pub use crate::models::registry::lookup;
 pub use crate::models::rope::llama3_periods;
 pub use crate::models::sdpa::explicit as explicit_attention;
 pub use crate::models::short_sdpa::attend as short_attention;
+pub use crate::models::skinny::matmul_t_variant as rows_matmul_t;
 pub use crate::quant::{QuantConfig, QuantParams, QuantizedTensor};
 pub use crate::stop::{StopMatcher, StopStep};
 pub use crate::weights::{Weights, validate_header, weight_files};

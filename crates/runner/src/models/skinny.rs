@@ -89,9 +89,29 @@ const SOURCE: &str = r#"
   const int chunks = K >> 5;
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   const bool live = g < ROWS;
+  // VARIANT bit 0: weight loads ask L2 for 256 bytes and skip L1; bit 1:
+  // each warp takes one contiguous span of chunks (not every WARPS-th);
+  // bit 2: eight chunks' loads in flight per lane (not four).
+  const bool hint = (VARIANT & 1) != 0;
+  const bool span = (VARIANT & 2) != 0;
+  constexpr int U = (VARIANT & 4) ? 8 : 4;
+  const int per = (chunks + WARPS - 1) / WARPS;
+  const int step = span ? 1 : WARPS;
+  const int begin = span ? warp * per : warp;
+  const int end = span ? min(chunks, begin + per) : chunks;
   const uint4* w_lo = reinterpret_cast<const uint4*>(w + (size_t)(n0 + g) * K + t * 8);
   const uint4* w_hi = reinterpret_cast<const uint4*>(w + (size_t)(n0 + g + 8) * K + t * 8);
   const uint4* xr = reinterpret_cast<const uint4*>(x + (size_t)(live ? g : 0) * K + t * 8);
+  auto ldw = [hint](const uint4* p) -> uint4 {
+    if (hint) {
+      uint4 r;
+      asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                   : "l"(p));
+      return r;
+    }
+    return __ldg(p);
+  };
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   auto mma = [&c](unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
     asm volatile(
@@ -106,21 +126,21 @@ const SOURCE: &str = r#"
     mma(a.x, b.x, a.y, b.y, v.x, v.y);
     mma(a.z, b.z, a.w, b.w, v.z, v.w);
   };
-  int j = warp;
-  for (; j + 3 * WARPS < chunks; j += 4 * WARPS) {
-    // Four chunks' loads issued before any MMA waits on them.
-    uint4 a[4], b[4], v[4];
+  int j = begin;
+  for (; j + (U - 1) * step < end; j += U * step) {
+    // U chunks' loads issued before any MMA waits on them.
+    uint4 a[U], b[U], v[U];
     #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      a[u] = __ldg(w_lo + (size_t)(j + u * WARPS) * 4);
-      b[u] = __ldg(w_hi + (size_t)(j + u * WARPS) * 4);
-      v[u] = __ldg(xr + (size_t)(j + u * WARPS) * 4);
+    for (int u = 0; u < U; ++u) {
+      a[u] = ldw(w_lo + (size_t)(j + u * step) * 4);
+      b[u] = ldw(w_hi + (size_t)(j + u * step) * 4);
+      v[u] = __ldg(xr + (size_t)(j + u * step) * 4);
     }
     #pragma unroll
-    for (int u = 0; u < 4; ++u) feed(a[u], b[u], v[u]);
+    for (int u = 0; u < U; ++u) feed(a[u], b[u], v[u]);
   }
-  for (; j < chunks; j += WARPS) {
-    feed(__ldg(w_lo + (size_t)j * 4), __ldg(w_hi + (size_t)j * 4), __ldg(xr + (size_t)j * 4));
+  for (; j < end; j += step) {
+    feed(ldw(w_lo + (size_t)j * 4), ldw(w_hi + (size_t)j * 4), __ldg(xr + (size_t)j * 4));
   }
   __shared__ float part[WARPS][4][32];
   #pragma unroll
@@ -146,7 +166,27 @@ thread_local! {
     static ONE_ROW: crate::switch::Flag = const { Cell::new(None) };
     /// The largest weight (bytes) the kernel takes: `Some(None)` is no cap.
     static MAX_BYTES: Cell<Option<Option<u64>>> = const { Cell::new(None) };
+    /// The kernel's load scheme (`MTP_ROWS_VARIANT`, 0–7; see [`SOURCE`]).
+    static VARIANT: Cell<Option<i32>> = const { Cell::new(None) };
 }
+
+/// The load scheme on this thread: `MTP_ROWS_VARIANT` (0–7), default
+/// [`DEFAULT_VARIANT`].
+fn variant() -> i32 {
+    crate::switch::get_parsed(
+        &VARIANT,
+        "MTP_ROWS_VARIANT",
+        |raw| match raw.map(str::trim) {
+            None => Some(DEFAULT_VARIANT),
+            Some(s) => s.parse::<i32>().ok().filter(|v| (0..8).contains(v)),
+        },
+        DEFAULT_VARIANT,
+        "a load scheme from 0 to 7",
+    )
+}
+
+/// The load scheme the kernel runs unless `MTP_ROWS_VARIANT` says otherwise.
+pub(crate) const DEFAULT_VARIANT: i32 = 0;
 
 /// Caps, on this thread, the weights the few-rows kernel takes at `mib`
 /// MiB (`None`: no cap), over `MTP_ROWS_KERNEL_MAX_MIB` (default
@@ -237,13 +277,19 @@ fn warps(n: i32) -> i32 {
 /// `x @ w.T` for bf16 `x: [M, K]` (`1 ≤ M ≤ 8`) and a row-contiguous bf16
 /// `w: [N, K]` of a shape [`applies`] accepts.
 pub(crate) fn matmul_t(x: &Array, w: &Array) -> Result<Array> {
+    matmul_t_variant(x, w, variant())
+}
+
+/// [`matmul_t`] with the kernel's load scheme `variant` (0–7, see
+/// [`SOURCE`]), for measurement.
+pub fn matmul_t_variant(x: &Array, w: &Array, variant: i32) -> Result<Array> {
     let (m, n) = (x.dim(0), w.dim(0));
     let warps = warps(n);
     let launch = CudaLaunch {
         outputs: &[(&[m, n], x.dtype())],
         grid: [n / FEATURES * 32 * warps, 1, 1],
         block: [32 * warps, 1, 1],
-        templates: &[("ROWS", m), ("WARPS", warps)],
+        templates: &[("ROWS", m), ("WARPS", warps), ("VARIANT", variant & 7)],
     };
     Ok(KERNEL.apply(&[x, w], &launch)?.remove(0))
 }
