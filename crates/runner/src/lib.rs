@@ -111,8 +111,8 @@ pub use models::Model;
 pub use models::cpu_fused::{set_cpu_fused, set_cpu_fused_heads};
 pub use models::delta_kernel::set_delta_kernel;
 pub use models::dispatch::{
-    DEFAULT_LAYER_DISPATCH_EVERY, layer_dispatch, layer_dispatches, set_layer_dispatch,
-    set_layer_dispatch_every,
+    DEFAULT_LAYER_DISPATCH_EVERY, MIN_LAYER_MIB as LAYER_DISPATCH_MIN_MIB, layer_dispatch,
+    layer_dispatches, set_layer_dispatch, set_layer_dispatch_every,
 };
 pub use models::heads_kernel::set_fused_heads;
 pub use models::kernel_check::{KernelCheck, kernel_checks};

@@ -142,5 +142,5 @@ fn forward_rows(
     }
     json!({"graph_nodes": nodes, "build_ms": median(build), "dispatch_ms": median(dispatch),
            "wait_ms": median(wait), "synced_ms": median(total),
-           "layer_dispatch": runner::layer_dispatch()})
+           "layer_dispatch_forced": runner::layer_dispatch()})
 }

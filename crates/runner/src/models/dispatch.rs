@@ -12,23 +12,37 @@
 //! builds the next ones. Values are unchanged: an `async_eval` evaluates the
 //! same graph, and the round's one host sync stays the read at its end.
 //!
-//! Off by default, kept for measurement (`MTP_LAYER_DISPATCH=1` turns it
-//! on): it did not pay. On an H200 (c432a36, bf16, alternating processes,
-//! docs/gpu.md session 16) a depth-4 round cost the same with it as
-//! without (8b 12.98 against 13.21 ms, 1.7b 10.08 against 10.14; groups of
-//! two 12.63 and 11.88): the time only moved from the round's final wait
-//! into the build, because MLX encodes a dispatched group on the calling
-//! thread, so the host's building and encoding stay one serial path, and
-//! that path, not an idle device, bounds the round. On a CPU the device is
-//! the host's own cores (tiny-mtp f32 depth 4: 34.8 ms a round both ways).
-//! `MTP_LAYER_DISPATCH_EVERY=N` sets the group size (default
+//! On by default on CUDA for models whose decoder layers are big
+//! ([`MIN_LAYER_MIB`] MiB or more of weights a layer, from the config:
+//! the 8B shape's 368 MiB, not 1.7B's 96), off elsewhere;
+//! `MTP_LAYER_DISPATCH=1` / `0` (or [`set_layer_dispatch`]) forces it on or
+//! off for every model. History: on an H200 at c432a36 (docs/gpu.md,
+//! session 16) it did not pay: a depth-4 round cost the same with it as
+//! without (8b 12.98 against 13.21 ms, 1.7b 10.08 against 10.14), because
+//! the time only moved from the round's final wait into the build: MLX
+//! encodes a dispatched group on the calling thread, and with cuBLASLt's
+//! host cost per product (the verify's big products went to it then) that
+//! serial host path bounded the round. Since every product of a layer goes
+//! to the few-rows kernel (`models/skinny.rs`, session 23) the host encodes
+//! a big layer faster than the device runs it, so the device idles only
+//! while the host builds the first group: on an H100 at 8b, alternating
+//! processes, depth-4 rounds 10.89 and 11.14 ms with it against 11.53 and
+//! 14.43 without, a synced 5-row forward 9.22 against 10.41–11.47 ms; at
+//! 1.7b (one pair) 8.65 against 7.12 ms, hence the size rule. On a CPU the
+//! device is the host's own cores (tiny-mtp f32 depth 4: 34.8 ms a round
+//! both ways). `MTP_LAYER_DISPATCH_EVERY=N` sets the group size (default
 //! [`DEFAULT_LAYER_DISPATCH_EVERY`]).
 
 use std::cell::Cell;
 
-use mlx_tensor::Array;
+use mlx_tensor::{Array, Dtype};
 
+use crate::config::ModelConfig;
 use crate::error::Result;
+
+/// The smallest decoder layer, in MiB of weights, that layer-group dispatch
+/// is on for by default (on CUDA; see the module's doc).
+pub const MIN_LAYER_MIB: u64 = 192;
 
 /// Layers per dispatched group unless `MTP_LAYER_DISPATCH_EVERY` says
 /// otherwise: about 100 of MLX's graph nodes at ~25 nodes a layer, the size
@@ -36,7 +50,8 @@ use crate::error::Result;
 pub const DEFAULT_LAYER_DISPATCH_EVERY: usize = 4;
 
 thread_local! {
-    static ON: crate::switch::Flag = const { Cell::new(None) };
+    /// `Some(None)`: not forced (each model's size decides).
+    static ON: Cell<Option<Option<bool>>> = const { Cell::new(None) };
     static EVERY: Cell<Option<usize>> = const { Cell::new(None) };
     static COUNT: Cell<u64> = const { Cell::new(0) };
 }
@@ -51,10 +66,10 @@ fn dispatched() {
     COUNT.with(|c| c.set(c.get() + 1));
 }
 
-/// Turns layer-group dispatch on or off for this thread's later forwards,
-/// over `MTP_LAYER_DISPATCH`.
+/// Forces layer-group dispatch on or off for this thread's later forwards
+/// of every model, over `MTP_LAYER_DISPATCH` and the size rule.
 pub fn set_layer_dispatch(on: bool) {
-    crate::switch::set(&ON, on);
+    ON.with(|c| c.set(Some(Some(on))));
 }
 
 /// Sets this thread's group size (layers per dispatch, at least 1), over
@@ -63,9 +78,41 @@ pub fn set_layer_dispatch_every(layers: usize) {
     EVERY.with(|c| c.set(Some(layers.max(1))));
 }
 
-/// Whether this thread dispatches multi-row forwards in layer groups.
-pub fn layer_dispatch() -> bool {
-    crate::switch::get(&ON, "MTP_LAYER_DISPATCH", false)
+/// Whether layer-group dispatch is forced on this thread
+/// ([`set_layer_dispatch`], else `MTP_LAYER_DISPATCH`: `1` on, `0` off);
+/// `None` when each model's size decides.
+pub fn layer_dispatch() -> Option<bool> {
+    crate::switch::get_parsed(
+        &ON,
+        "MTP_LAYER_DISPATCH",
+        |raw| match raw {
+            None => Some(None),
+            Some("1") => Some(Some(true)),
+            Some("0") => Some(Some(false)),
+            Some(_) => None,
+        },
+        None,
+        "0 or 1",
+    )
+}
+
+/// The weight bytes one decoder layer of `c` reads for a token in
+/// `dtype`, from the config: q/k/v, o and the three MLP products (an
+/// estimate: a mixture of experts counts `intermediate_size` once, a
+/// quantized checkpoint its unpacked size).
+pub(crate) fn layer_bytes(c: &ModelConfig, dtype: Dtype) -> u64 {
+    let (h, d) = (c.hidden_size as u64, c.head_dim as u64);
+    let (hq, hkv) = (c.num_attention_heads as u64, c.num_key_value_heads as u64);
+    let attention = h * (hq + 2 * hkv) * d + hq * d * h;
+    let mlp = 3 * h * c.intermediate_size as u64;
+    (attention + mlp) * dtype.size() as u64
+}
+
+/// Whether forwards over layers of `layer_bytes` dispatch in layer groups
+/// on this thread: as forced, else on CUDA from [`MIN_LAYER_MIB`] up.
+fn dispatch_for(layer_bytes: u64) -> bool {
+    layer_dispatch()
+        .unwrap_or_else(|| layer_bytes >= MIN_LAYER_MIB << 20 && crate::models::sdpa::on_cuda())
 }
 
 /// Layers per group: `MTP_LAYER_DISPATCH_EVERY` when it is a positive
@@ -97,10 +144,11 @@ fn due(rows: usize, done: usize, layers: usize, every: usize) -> bool {
 }
 
 /// Called by a trunk's layer loop after layer `done` (1-based) of `layers`
-/// with the residual stream `x` `[1, L, H]`: dispatches the layers so far
-/// when layer-group dispatch is on and a group is full.
-pub(crate) fn after_layer(x: &Array, done: usize, layers: usize) -> Result<()> {
-    if layer_dispatch() && due(x.dim(1) as usize, done, layers, every()) {
+/// of the model configured by `c`, with the residual stream `x`
+/// `[1, L, H]`: dispatches the layers so far when layer-group dispatch is
+/// on for this model and a group is full.
+pub(crate) fn after_layer(x: &Array, done: usize, layers: usize, c: &ModelConfig) -> Result<()> {
+    if due(x.dim(1) as usize, done, layers, every()) && dispatch_for(layer_bytes(c, x.dtype())) {
         x.async_eval()?;
         dispatched();
     }
@@ -110,9 +158,10 @@ pub(crate) fn after_layer(x: &Array, done: usize, layers: usize) -> Result<()> {
 /// Called by the MTP head after building one draft step's layer: dispatches
 /// it, so the device runs step `i` while the host builds its unembedding
 /// and step `i + 1`. Only for single rows (a draft step); a flush of
-/// several rows is dispatched whole by the draft session.
-pub(crate) fn after_draft_step(out: &Array, hidden: &Array) -> Result<()> {
-    if layer_dispatch() && out.dim(0) == 1 {
+/// several rows is dispatched whole by the draft session. `layer_bytes`:
+/// the head's block, as [`layer_bytes`] gives it.
+pub(crate) fn after_draft_step(out: &Array, hidden: &Array, layer_bytes: u64) -> Result<()> {
+    if out.dim(0) == 1 && dispatch_for(layer_bytes) {
         mlx_tensor::async_eval([out, hidden])?;
         dispatched();
     }
@@ -130,6 +179,31 @@ mod tests {
         assert_eq!(at, vec![4, 8, 12, 16, 20, 24, 28, 32]);
         assert!((1..=36).all(|d| !due(1, d, 36, 4)), "one row never");
         assert!(!due(5, 6, 6, 1), "the last layer is the caller's");
+    }
+
+    /// The size rule's estimate at the benchmark shapes: 8b's layers are
+    /// over the line in bf16, 1.7b's are not, and nothing is on a CPU.
+    #[test]
+    fn only_big_layers_on_cuda_dispatch_by_default() {
+        let cfg = |h: usize, i: usize, hq: usize, hkv: usize| {
+            let json = format!(
+                r#"{{"model_type": "qwen3", "hidden_size": {h}, "intermediate_size": {i},
+                    "num_hidden_layers": 2, "num_attention_heads": {hq},
+                    "num_key_value_heads": {hkv}, "head_dim": {}, "vocab_size": 64}}"#,
+                h / hq
+            );
+            ModelConfig::from_json(&json, "config.json".as_ref()).unwrap()
+        };
+        let b8 = layer_bytes(&cfg(4096, 12288, 32, 8), Dtype::Bfloat16);
+        let b17 = layer_bytes(&cfg(2048, 6144, 16, 8), Dtype::Bfloat16);
+        assert_eq!(b8, (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 12288) * 2);
+        assert!(b8 >= MIN_LAYER_MIB << 20 && b17 < MIN_LAYER_MIB << 20);
+        assert_eq!(
+            layer_bytes(&cfg(2048, 6144, 16, 8), Dtype::Float32),
+            2 * b17
+        );
+        assert!(!crate::models::sdpa::on_cuda());
+        assert!(!dispatch_for(b8), "a CPU never by default");
     }
 
     #[test]

@@ -280,7 +280,7 @@ impl Model for Glm4Moe {
         let n = self.layers.len();
         for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
             x = layer.forward(&x, cache.as_mut(), &self.rope)?;
-            dispatch::after_layer(&x, i + 1, n)?;
+            dispatch::after_layer(&x, i + 1, n, &self.ends.config)?;
         }
         self.ends.finish(&x)
     }

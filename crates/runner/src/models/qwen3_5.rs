@@ -249,7 +249,7 @@ impl Model for Qwen35 {
                     |h| b.mlp.forward(h),
                 )?,
             };
-            dispatch::after_layer(&x, i + 1, n)?;
+            dispatch::after_layer(&x, i + 1, n, &self.ends.config)?;
         }
         self.ends.finish(&x)
     }

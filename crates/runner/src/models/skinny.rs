@@ -11,19 +11,22 @@
 //! verify took 5.2–5.7 ms with cuBLASLt against 2.7 with this kernel for
 //! every product (docs/gpu.md, session 16).
 //!
-//! Why the cap: over a large weight the device's read bounds the product,
-//! and cuBLAS reads large weights faster than this kernel (a whole synced
-//! 5-row 8B verify: 9.8 ms with cuBLASLt, 10.2 with the kernel for every
-//! product, although its host part fell by half). Up to 64 MiB (a read of
-//! ~20 µs at the H200's ~3 TB/s, about what cuBLASLt's host cost is) the
-//! host bounds it. Alternating processes on an H200 (bf16, depth 4, round
-//! ms, without / with the kernel under the cap): 1.7b 7.77 / 6.83, tiny
-//! 3.00 / 2.68, 8b 11.16 / 11.04 (only its `o` projection and the MTP
-//! head's `fc` are that small); with no cap the 8b round got slower (10.24
-//! / 10.91) and 1.7b's faster (6.83 / 6.59). `MTP_ROWS_KERNEL=0` turns it
-//! off, `MTP_ROWS_KERNEL_MAX_MIB=N|all` moves the cap,
-//! `MTP_ROWS_KERNEL_ONE=1` gives it one-row products too (measured below
-//! MLX's GEMV: off).
+//! Why the cap: the unembedding (151,936 × 4,096 at the 8B shape, one
+//! product a verify, so its host cost does not count) reads no faster
+//! through the kernel than through cuBLAS (H100, 5 rows: 445 µs with
+//! cuBLAS, 431 / 486 µs with load schemes 0 / 3); every decoder layer's
+//! product, up to the 8B shape's 192 MiB gate/up weight, reads faster
+//! through it (scheme 3 against cuBLAS, µs: q/k/v 22.6 / 36.9, o 20.6 /
+//! 34.8, gate/up 71.1 / 76.8, down 40.2 / 48.5; `scale-bench --rows-time`,
+//! docs/gpu.md session 23), and costs the host a few µs where cuBLASLt
+//! costs ~20. Up to session 22 the cap was 64 MiB, from whole synced
+//! verifies on an H200 that read slower with the kernel for every product
+//! (9.8 ms with cuBLASLt, 10.2 with the kernel, a kernel without the load
+//! schemes); the products themselves were first timed in session 23.
+//! `MTP_ROWS_KERNEL=0` turns it off, `MTP_ROWS_KERNEL_MAX_MIB=N|all` moves
+//! the cap, `MTP_ROWS_VARIANT=0..7` picks the load scheme (see [`SOURCE`];
+//! default [`DEFAULT_VARIANT`]), `MTP_ROWS_KERNEL_ONE=1` gives it one-row
+//! products too (measured below MLX's GEMV: off).
 //!
 //! How: a warp computes 16 output features for all rows (up to 8) with
 //! `mma.sync.m16n8k16` (bf16 in, f32 accumulate): the 16 weight rows are the
@@ -57,7 +60,7 @@ pub(crate) const MAX_ROWS: i32 = 8;
 
 /// The largest weight, in MiB, the kernel takes unless
 /// `MTP_ROWS_KERNEL_MAX_MIB` says otherwise (see the module's doc).
-pub const DEFAULT_MAX_MIB: u64 = 64;
+pub const DEFAULT_MAX_MIB: u64 = 256;
 
 /// Output features per block (the MMA's sixteen A rows).
 const FEATURES: i32 = 16;
@@ -185,8 +188,12 @@ fn variant() -> i32 {
     )
 }
 
-/// The load scheme the kernel runs unless `MTP_ROWS_VARIANT` says otherwise.
-pub(crate) const DEFAULT_VARIANT: i32 = 0;
+/// The load scheme the kernel runs unless `MTP_ROWS_VARIANT` says
+/// otherwise: 3 (the L2 hint and a contiguous span per warp), the fastest
+/// over the 8B shape's layer products at 2 and 5 rows on an H100
+/// (306.6 µs for the four against 330.9 with scheme 0 and 398.7 with MLX's
+/// matmul; docs/gpu.md session 23).
+pub(crate) const DEFAULT_VARIANT: i32 = 3;
 
 /// Caps, on this thread, the weights the few-rows kernel takes at `mib`
 /// MiB (`None`: no cap), over `MTP_ROWS_KERNEL_MAX_MIB` (default
@@ -364,5 +371,10 @@ mod tests {
         assert!(under_cap(8192, 4096, Some(64 << 20)));
         assert!(!under_cap(8208, 4096, Some(64 << 20)));
         assert!(!under_cap(16, 32, Some(0)));
+        // The default takes the 8B shape's gate/up weight (192 MiB), not a
+        // 151,936-row unembedding even at hidden 2,048.
+        let default = Some(DEFAULT_MAX_MIB << 20);
+        assert!(under_cap(24_576, 4096, default));
+        assert!(!under_cap(151_936, 2048, default));
     }
 }

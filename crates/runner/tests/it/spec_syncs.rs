@@ -24,8 +24,8 @@ fn one_host_sync_per_round() {
     }
 }
 
-/// Layer-group dispatch (`runner::set_layer_dispatch`, off by default: kept
-/// for measurement) changes when the device starts, never what it computes: f32 greedy
+/// Layer-group dispatch (`runner::set_layer_dispatch`; by default on CUDA
+/// for big layers only) changes when the device starts, never what it computes: f32 greedy
 /// output, and the drafts accepted at each position, equal the output
 /// without it, for a dense, a hybrid and a mixture-of-experts model.
 #[test]

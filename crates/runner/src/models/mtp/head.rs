@@ -43,6 +43,9 @@ pub(crate) struct MtpHead {
     /// One KV cache: the block's attention over earlier draft slots.
     caches: Vec<Box<dyn Cache>>,
     hidden_size: i32,
+    /// One decoder layer's weight bytes per the config
+    /// (`dispatch::layer_bytes`): whether a draft step is dispatched alone.
+    layer_bytes: u64,
     /// What bounds a flush forward's rows ([`DraftHead::flush_span`]).
     flush: FlushBudget,
 }
@@ -204,6 +207,7 @@ impl MtpHead {
             rope: rope.clone(),
             caches: vec![Box::new(KvCache::new())],
             hidden_size: h as i32,
+            layer_bytes: crate::models::dispatch::layer_bytes(c, w.dtype()),
             flush: FlushBudget {
                 bytes: 0,
                 per_key: 0,
@@ -232,6 +236,7 @@ impl MtpHead {
             rope: self.rope.clone(),
             caches: vec![Box::new(KvCache::new())],
             hidden_size: self.hidden_size,
+            layer_bytes: self.layer_bytes,
             flush: self.flush,
         }
     }
@@ -371,7 +376,7 @@ impl DraftHead for MtpHead {
     ) -> mtp_draft::Result<HeadOutput> {
         let mut run = || -> Result<HeadOutput> {
             let out = self.forward_rows(tokens, hiddens, position)?;
-            crate::models::dispatch::after_draft_step(&out.out, &out.hidden)?;
+            crate::models::dispatch::after_draft_step(&out.out, &out.hidden, self.layer_bytes)?;
             Ok(out)
         };
         run().map_err(|e| mtp_draft::Error::Head(Box::new(e)))
