@@ -563,6 +563,19 @@ rust::String device_name() {
   }
   return rust::String(default_device_is_gpu() ? "gpu" : "cpu");
 }
+uint32_t gpu_compute_capability() {
+  // CUDA's compute capability as major * 10 + minor; 0 where the GPU
+  // backend reports none (Metal) or there is no GPU.
+  if (!gpu_available()) return 0;
+  const auto& info = mx::device_info(mx::Device(mx::Device::gpu));
+  auto part = [&](const char* key) -> size_t {
+    auto it = info.find(key);
+    if (it == info.end()) return 0;
+    auto v = std::get_if<size_t>(&it->second);
+    return v ? *v : 0;
+  };
+  return static_cast<uint32_t>(part("compute_capability_major") * 10 + part("compute_capability_minor"));
+}
 void synchronize() { mx::synchronize(); }
 namespace {
 mx::Device device_of(bool gpu) { return mx::Device(gpu ? mx::Device::gpu : mx::Device::cpu); }

@@ -174,6 +174,7 @@ void set_default_device(bool gpu);
 bool default_device_is_gpu();
 bool gpu_available();
 rust::String device_name();
+uint32_t gpu_compute_capability();
 void synchronize();
 // Streams, identified by (index, device) as MLX does.
 int32_t new_stream(bool gpu);

@@ -44,6 +44,14 @@ pub fn device_name() -> Result<String> {
     check(sys::device_name())
 }
 
+/// The GPU's CUDA compute capability as `major * 10 + minor` (90 for an
+/// H100 or H200), or `None` where there is no GPU or its backend reports
+/// none (Metal, the CPU build).
+#[track_caller]
+pub fn gpu_compute_capability() -> Result<Option<u32>> {
+    Ok(Some(check(sys::gpu_compute_capability())?).filter(|&c| c > 0))
+}
+
 /// Waits for all scheduled work on the default stream.
 #[track_caller]
 pub fn synchronize() -> Result<()> {

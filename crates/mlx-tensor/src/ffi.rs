@@ -302,6 +302,7 @@ pub(crate) mod sys {
         fn default_device_is_gpu() -> bool;
         fn gpu_available() -> bool;
         fn device_name() -> Result<String>;
+        fn gpu_compute_capability() -> Result<u32>;
         fn synchronize() -> Result<()>;
         fn new_stream(gpu: bool) -> Result<i32>;
         fn default_stream_index(gpu: bool) -> Result<i32>;

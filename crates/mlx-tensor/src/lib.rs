@@ -71,8 +71,8 @@ pub mod random;
 
 pub use array::{Array, Shape, async_eval, eval, host_syncs};
 pub use device::{
-    Device, Stream, blas_info, default_device, device_name, exit_now, gpu_available, memory,
-    mlx_version, set_default_device, synchronize,
+    Device, Stream, blas_info, default_device, device_name, exit_now, gpu_available,
+    gpu_compute_capability, memory, mlx_version, set_default_device, synchronize,
 };
 pub use dtype::{Dtype, Element};
 pub use error::{Error, Result};

@@ -56,6 +56,14 @@ fn device_choice() {
     assert_eq!(x.item::<f32>().unwrap(), 6.0);
     mlx_tensor::synchronize().unwrap();
     assert!(!mlx_tensor::device_name().unwrap().is_empty());
+    // A compute capability only where a GPU reports one (CUDA), and then a
+    // real one (at least 5.0); never on a build without a GPU.
+    let cc = mlx_tensor::gpu_compute_capability().unwrap();
+    assert!(
+        mlx_tensor::gpu_available() || cc.is_none(),
+        "{cc:?} without a GPU"
+    );
+    assert!(cc.is_none_or(|c| c >= 50), "{cc:?}");
     if mlx_tensor::gpu_available() {
         mlx_tensor::set_default_device(Device::Gpu).unwrap();
         assert_eq!(x.add(&x).unwrap().item::<f32>().unwrap(), 12.0);

@@ -233,6 +233,18 @@ fn cpu_rows_applies(s: Shape) -> bool {
         && s.heads % s.kv_heads == 0
 }
 
+/// True when new work runs on MLX's CUDA backend and the GPU has bf16
+/// tensor-core MMA (compute capability 8.0 or later: Ampere on), which the
+/// few-rows kernel (`models/skinny.rs`) needs. MLX's CUDA wheels also run
+/// on 7.5 (Turing), where that kernel would not compile.
+pub(crate) fn on_cuda_sm80() -> bool {
+    static CAPABILITY: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    on_cuda()
+        && CAPABILITY
+            .get_or_init(|| mlx_tensor::gpu_compute_capability().ok().flatten())
+            .is_some_and(|c| c >= 80)
+}
+
 /// True when new work runs on MLX's CUDA backend (a GPU that is not Metal).
 pub(crate) fn on_cuda() -> bool {
     // Whether the loaded library has a GPU does not change; the default device can.

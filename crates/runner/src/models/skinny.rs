@@ -1,5 +1,6 @@
 //! `x @ W.T` for a few rows of `x` on CUDA, reading each weight byte once
-//! for all rows, on the tensor cores: on by default on CUDA for 2–8 rows
+//! for all rows, on the tensor cores: on by default on CUDA (compute
+//! capability 8.0 or later: bf16 `mma.sync`) for 2–8 rows
 //! (verify rows, MTP flushes) over weights of at most
 //! [`DEFAULT_MAX_MIB`] MiB; MLX's matmul takes the rest.
 //!
@@ -255,7 +256,7 @@ fn enabled(rows: i32) -> bool {
 /// features, in `dtype`, go to the kernel on this backend.
 pub(crate) fn applies(rows: i32, n: i32, k: i32, dtype: Dtype) -> bool {
     fits(rows, n, k, dtype)
-        && crate::models::sdpa::on_cuda()
+        && crate::models::sdpa::on_cuda_sm80()
         && enabled(rows)
         && under_cap(n, k, max_bytes())
 }
@@ -305,11 +306,12 @@ pub fn matmul_t_variant(x: &Array, w: &Array, variant: i32) -> Result<Array> {
 /// 1–8 rows, weights from one block (16 × 32) to decoder-sized (4096 ×
 /// 1024, 1024 × 4096) and an odd block count (272 × 96). Returns the worst
 /// `max |kernel − matmul| ÷ max |matmul|`, or `None` where the kernel does
-/// not run (no CUDA). Both accumulate in f32, so they part by the order of
-/// the sums and one bf16 rounding of the output (~4e-3 measured).
+/// not run (no CUDA, or a GPU before compute capability 8.0). Both
+/// accumulate in f32, so they part by the order of the sums and one bf16
+/// rounding of the output (~4e-3 measured).
 pub(crate) fn self_check() -> Result<Option<f32>> {
     use mlx_tensor::random;
-    if !crate::models::sdpa::on_cuda() {
+    if !crate::models::sdpa::on_cuda_sm80() {
         return Ok(None);
     }
     let rand = |shape: &[i32], seed: u64| -> Result<Array> {
