@@ -246,7 +246,10 @@ __attribute__((target("avx2,fma,f16c"))) inline void block_avx2(const float* x, 
 // [3072, 1024] f32 weights, as the gemm example's `--weights 48` reads
 // them, medians of six alternating runs on 2 Zen 3 cores: 4 / 5 / 8 rows
 // 30.5 / 32.4 / 43.2 ms without, 25.5 / 25.5 / 33.0 with; one and two rows
-// stream eight and four weight rows at once and gained nothing).
+// stream eight and four weight rows at once and gained nothing). Did not
+// pay (session 23, same weights, three alternating runs): blocks of four
+// weight rows with the input rows in passes of two (later passes reading
+// the block from L1), 3 / 5 rows 24.1 / 28.6 ms against 24.9 / 26.8.
 template <typename W, int ROWS>
 __attribute__((target("avx2,fma,f16c"))) void features_avx2(const float* x, int k, const W* w, int n0, int n1,
                                                              float* out, int n) {
