@@ -230,21 +230,7 @@ fn rows_time(c: &runner::ModelConfig, variants: &[i32], row: &dyn Fn(Value) -> V
                 let rel_err = if v < 0 {
                     0.0
                 } else {
-                    let f = |a: Array| -> Res<Vec<f32>> {
-                        Ok(a.as_type(Dtype::Float32)?.to_vec::<f32>()?)
-                    };
-                    let (got, want) = (f(call(0)?)?, f(x.matmul(&wts[0])?)?);
-                    let range = want.iter().fold(0.0f32, |a, b| a.max(b.abs()));
-                    let diff = got
-                        .iter()
-                        .zip(&want)
-                        .map(|(a, b)| (a - b).abs())
-                        .fold(0.0f32, f32::max);
-                    if got.iter().all(|g| g.is_finite()) {
-                        diff / range
-                    } else {
-                        f32::INFINITY
-                    }
+                    runner::testing::rel_err(&call(0)?, &x.matmul(&wts[0])?)?
                 };
                 emit(&row(
                     json!({"kind": "rows-time", "product": name, "n": out, "k": k,

@@ -20,6 +20,7 @@ pub use fixture::{
 
 pub use crate::chat::{MAX_MEMORY, MAX_OUTPUT, render_template};
 pub use crate::detok::StreamDetokenizer;
+pub use crate::models::kernel_check::rel_err;
 pub use crate::models::layers::{Embedding, Linear};
 pub use crate::models::mtp::{MtpLayout, zero_centred_norms};
 pub use crate::models::registry::lookup;

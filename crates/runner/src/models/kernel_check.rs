@@ -51,7 +51,7 @@ const SWIGLU_BF16_TOLERANCE: f32 = 2e-2;
 /// `max |got − want| ÷ max |want|`, both read as f32; infinite when the
 /// lengths differ, `got` is not all finite or `want` is all zeros (a
 /// check must never pass on what it could not compare).
-pub(crate) fn rel_err(got: &Array, want: &Array) -> Result<f32> {
+pub fn rel_err(got: &Array, want: &Array) -> Result<f32> {
     let got = got.as_type(Dtype::Float32)?.to_vec::<f32>()?;
     let want = want.as_type(Dtype::Float32)?.to_vec::<f32>()?;
     Ok(rel_err_of(&got, &want))
