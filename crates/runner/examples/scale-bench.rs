@@ -143,18 +143,10 @@ fn attention_time(hq: i32, hkv: i32, d: i32, row: &dyn Fn(Value) -> Value) -> Re
                     explicit_attention(&q, &k, &v, scale)?
                 })
             };
-            let mut times = Vec::new();
-            for rep in 0..4 {
-                let t = Instant::now();
-                let outs = (0..CALLS).map(call).collect::<Result<Vec<_>, _>>()?;
-                mlx_tensor::eval(&outs)?;
-                if rep > 0 {
-                    times.push(t.elapsed().as_secs_f64() * 1e6 / CALLS as f64);
-                }
-            }
+            let us = us_per_call(CALLS, &call)?;
             emit(&row(
                 json!({"kind": "attention-time", "path": path, "heads": hq, "kv_heads": hkv,
-                       "head_dim": d, "rows": l, "keys": s, "us_per_call": host::median(times)}),
+                       "head_dim": d, "rows": l, "keys": s, "us_per_call": us}),
             ))?;
         }
     }
@@ -211,16 +203,7 @@ fn rows_time(c: &runner::ModelConfig, variants: &[i32], row: &dyn Fn(Value) -> V
                         runner::testing::rows_matmul_t(&x, &ws[j % copies], v)?
                     })
                 };
-                let mut times = Vec::new();
-                for rep in 0..4 {
-                    let t = Instant::now();
-                    let outs = (0..CALLS).map(call).collect::<Res<Vec<_>>>()?;
-                    mlx_tensor::eval(&outs)?;
-                    if rep > 0 {
-                        times.push(t.elapsed().as_secs_f64() * 1e6 / CALLS as f64);
-                    }
-                }
-                let us = host::median(times);
+                let us = us_per_call(CALLS, &call)?;
                 let path = if v < 0 {
                     "mlx".to_owned()
                 } else {
@@ -241,6 +224,21 @@ fn rows_time(c: &runner::ModelConfig, variants: &[i32], row: &dyn Fn(Value) -> V
         }
     }
     Ok(())
+}
+
+/// µs per call of `calls` independent calls of `call(i)`, built and
+/// evaluated at once: the median over three batches after a warm-up one.
+fn us_per_call(calls: usize, call: &dyn Fn(usize) -> Res<Array>) -> Res<f64> {
+    let mut times = Vec::new();
+    for rep in 0..4 {
+        let t = Instant::now();
+        let outs = (0..calls).map(call).collect::<Res<Vec<_>>>()?;
+        mlx_tensor::eval(&outs)?;
+        if rep > 0 {
+            times.push(t.elapsed().as_secs_f64() * 1e6 / calls as f64);
+        }
+    }
+    Ok(host::median(times))
 }
 
 fn emit(line: &Value) -> Res<()> {

@@ -729,8 +729,8 @@ fn a_flat_stretch_of_the_curve_costs_little_whichever_depth_wins_it() {
 /// a pipelined plain token 1.06 ms, a drafted round 1.86 + 0.26·d ms
 /// (depth 4 2.90 ms, depth 6 3.42 ms), conditional acceptance from the
 /// fixed depth-4 run (0.87, 0.80, 0.81, 0.71) and auto's depths 5-6 (0.73,
-/// 0.66); kernels built on their first use. Depth 4 is best, 5 within 1%,
-/// 6 4% under: that process's auto sat at depth 6 for 149 of 186 rounds
+/// 0.66); no first-use stalls (the bench warms each case up). Depth 4 is
+/// best, 5 within 1%, 6 3.5% under: that process's auto sat at depth 6 for 149 of 186 rounds
 /// and got 0.885 of depth 4.
 fn tiny_h100_bf16(jitter: f64) -> Sim {
     Sim {
