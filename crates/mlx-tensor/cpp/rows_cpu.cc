@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -180,22 +181,23 @@ void features_portable(const float* x, int rows, int k, const W* w, int n0, int 
 }
 
 #ifdef MTP_X86
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const mx::bfloat16_t* p) {
+#define MTP_AVX2 __attribute__((target("avx2,fma,f16c"), always_inline))
+MTP_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+MTP_AVX2 inline __m256 load8(const mx::bfloat16_t* p) {
   __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const mx::float16_t* p) {
+MTP_AVX2 inline __m256 load8(const mx::float16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 // `J` output features from `j` on, `ROWS` input rows: one accumulator per
 // (row, feature) pair, each summed over `K` in 8-lane blocks exactly as
 // `features_portable` sums it, so `J` (how many chains are in flight to hide
-// the FMA latency) never changes a result.
+// the FMA latency) never changes a result. Always inlined: in an AVX-512VL
+// caller the same AVX2 instructions may use all 32 vector registers.
 template <typename W, int ROWS, int J>
-__attribute__((target("avx2,fma,f16c"))) inline void block_avx2(const float* x, int k, const W* w, int j,
-                                                                 float* out, int n, int prefetch = 0) {
+MTP_AVX2 inline void block_avx2(const float* x, int k, const W* w, int j, float* out, int n, int prefetch = 0) {
   const int k8 = k - k % 8;
   __m256 acc[J][ROWS];
 #pragma GCC unroll 8
@@ -206,13 +208,18 @@ __attribute__((target("avx2,fma,f16c"))) inline void block_avx2(const float* x, 
   const W* wj = w + static_cast<size_t>(j) * k;
   // The `prefetch` weight rows after this block's, a cache line each time
   // this block's loads reach a new one: more rows stream in at once than the
-  // accumulators allow, and the next block starts from cache.
+  // accumulators allow, and the next block starts from cache. Into L2 only
+  // (T1): fetched into L1 as well (T0), the next rows evicted the input rows
+  // the FMAs reread (5 rows of a 1,024-wide input are 20 KiB of a 32 KiB L1),
+  // and 3 / 5 rows cost 25.2 / 27.6 ms against 18.6 / 19.7 with T1 and 19.1
+  // for one row (48 [3072, 1024] f32 weights, `examples/gemm.rs`, three
+  // alternating runs on 2 Zen 4 cores, AVX2 blocks).
   const W* next = wj + static_cast<size_t>(J) * k;
   constexpr int kLine = 64 / static_cast<int>(sizeof(W));
   for (int c = 0; c < k8; c += 8) {
     if (c % kLine == 0) {
       for (int f = 0; f < prefetch; ++f) {
-        _mm_prefetch(reinterpret_cast<const char*>(next + static_cast<size_t>(f) * k + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(next + static_cast<size_t>(f) * k + c), _MM_HINT_T1);
       }
     }
     __m256 wv[J];
@@ -249,7 +256,10 @@ __attribute__((target("avx2,fma,f16c"))) inline void block_avx2(const float* x, 
 // stream eight and four weight rows at once and gained nothing). Did not
 // pay (session 23, same weights, three alternating runs): blocks of four
 // weight rows with the input rows in passes of two (later passes reading
-// the block from L1), 3 / 5 rows 24.1 / 28.6 ms against 24.9 / 26.8.
+// the block from L1), 3 / 5 rows 24.1 / 28.6 ms against 24.9 / 26.8 (the
+// prefetch was still into L1 then, see `block_avx2`). Session 24: prefetch
+// distances of 4-8 lines along the block's own rows, or 4-8 next rows instead
+// of `J`, cost 5-30 % more than `J` next rows.
 template <typename W, int ROWS>
 __attribute__((target("avx2,fma,f16c"))) void features_avx2(const float* x, int k, const W* w, int n0, int n1,
                                                              float* out, int n) {
@@ -274,10 +284,65 @@ __attribute__((target("avx2,fma,f16c"))) void features_avx2(const float* x, int 
   }
 }
 
+// The same blocks where AVX-512VL gives AVX2 code 32 vector registers
+// instead of 16 (the arithmetic stays 8-lane AVX2, lane for lane the
+// portable kernel's, so results do not depend on which path ran): from
+// three rows on, four weight rows at a time fit their `4 x ROWS`
+// accumulators, where AVX2 holds two (and splits six to eight rows into two
+// passes). The same work from L2 (two 1 MiB weights, 2 Zen 4 cores; a
+// stand-alone copy of these blocks) took 12.4 / 17.0 ms at 5 / 8 rows
+// against 21.8 / 33.0 with the AVX2 blocks, so the weights' stream, not the
+// FMAs, bounds a verify. From memory (48 [3072, 1024] weights, three
+// alternating runs): f32 8 rows 26.2 against 31.0 ms, bf16 5 rows 14.4
+// against 16.3; f32 3 and 5 rows within the noise of AVX2 (about one row's
+// 19 ms either way). One row keeps eight weight rows at a time and two rows
+// four, as on AVX2 (sixteen and eight did not pay).
+template <typename W, int ROWS>
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) void features_avx512vl(const float* x, int k, const W* w,
+                                                                                 int n0, int n1, float* out, int n) {
+  constexpr int J = ROWS == 1 ? 8 : 4;
+  const auto ahead = [&](int j) { return ROWS >= 3 ? std::min(J, n1 - j - J) : 0; };
+  int j = n0;
+  for (; j + J <= n1; j += J) block_avx2<W, ROWS, J>(x, k, w, j, out, n, ahead(j));
+  for (; j < n1; ++j) block_avx2<W, ROWS, 1>(x, k, w, j, out, n);
+}
+
 bool has_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                           __builtin_cpu_supports("f16c");
   return yes;
+}
+
+// Whether AVX-512VL (with AVX2) is there, and whether the blocks may use
+// it: `MTP_ROWS_CPU_AVX512=0` sets the start value, `rows_cpu_set_wide` the
+// current one (to time the two paths against each other in one process).
+bool has_avx512vl() {
+  static const bool yes = has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+  return yes;
+}
+
+std::atomic<bool>& wide_wanted() {
+  static std::atomic<bool> wanted{[] {
+    const char* v = std::getenv("MTP_ROWS_CPU_AVX512");
+    return !(v != nullptr && std::string(v) == "0");
+  }()};
+  return wanted;
+}
+
+bool use_wide() { return has_avx512vl() && wide_wanted().load(std::memory_order_relaxed); }
+
+template <typename W>
+void features_x86_512(const float* x, int rows, int k, const W* w, int n0, int n1, float* out, int n) {
+  switch (rows) {
+    case 1: return features_avx512vl<W, 1>(x, k, w, n0, n1, out, n);
+    case 2: return features_avx512vl<W, 2>(x, k, w, n0, n1, out, n);
+    case 3: return features_avx512vl<W, 3>(x, k, w, n0, n1, out, n);
+    case 4: return features_avx512vl<W, 4>(x, k, w, n0, n1, out, n);
+    case 5: return features_avx512vl<W, 5>(x, k, w, n0, n1, out, n);
+    case 6: return features_avx512vl<W, 6>(x, k, w, n0, n1, out, n);
+    case 7: return features_avx512vl<W, 7>(x, k, w, n0, n1, out, n);
+    default: return features_avx512vl<W, 8>(x, k, w, n0, n1, out, n);
+  }
 }
 
 template <typename W>
@@ -298,6 +363,7 @@ void features_x86(const float* x, int rows, int k, const W* w, int n0, int n1, f
 template <typename W>
 void features(const float* x, int rows, int k, const W* w, int n0, int n1, float* out, int n) {
 #ifdef MTP_X86
+  if (use_wide()) return features_x86_512(x, rows, k, w, n0, n1, out, n);
   if (has_avx2()) return features_x86(x, rows, k, w, n0, n1, out, n);
 #endif
   features_portable(x, rows, k, w, n0, n1, out, n);
@@ -789,6 +855,11 @@ class AttentionRows : public CpuPrimitive {
 };
 
 }  // namespace
+
+bool rows_cpu_set_wide(bool on) {
+  wide_wanted().store(on, std::memory_order_relaxed);
+  return use_wide();
+}
 
 ArrPtr rows_matmul_t(const Arr& x, const Arr& w) {
   const mx::Stream s = mx::default_stream(mx::default_device());

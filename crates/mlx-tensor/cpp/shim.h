@@ -93,6 +93,9 @@ ArrPtr gather_mm(const Arr& a, const Arr& b, bool has_lhs, const Arr& lhs, bool 
                  bool sorted);
 // `x @ w.T` for 1-8 rows on the CPU (cpp/rows_cpu.cc).
 ArrPtr rows_matmul_t(const Arr& x, const Arr& w);
+// Lets (or stops) rows_matmul_t's blocks use AVX-512VL's 32 registers;
+// whether they now do.
+bool rows_cpu_set_wide(bool on);
 // `keys`: the rows of k and v attended over, negative for all of them.
 ArrPtr attention_rows_cpu(const Arr& q, const Arr& k, const Arr& v, float scale, bool merged, int32_t keys);
 // A KV cache write on the CPU, in place where it can be (cpp/kv_cpu.cc).

@@ -156,6 +156,7 @@ pub(crate) mod sys {
             bits: i32,
         ) -> Result<UniquePtr<Arr>>;
         fn rows_matmul_t(x: &Arr, w: &Arr) -> Result<UniquePtr<Arr>>;
+        fn rows_cpu_set_wide(on: bool) -> bool;
         fn attention_rows_cpu(
             q: &Arr,
             k: &Arr,

@@ -473,6 +473,17 @@ pub fn rows_matmul_t(x: &Array, w: &Array) -> Result<Array> {
     check(sys::rows_matmul_t(x.raw(), w.raw())).map(Array::wrap)
 }
 
+/// Lets [`rows_matmul_t`] use AVX-512VL where the CPU has it (the default,
+/// unless the environment sets `MTP_ROWS_CPU_AVX512=0`), or stops it; returns
+/// whether it now does. The arithmetic is the same 8-lane AVX2 arithmetic
+/// either way: AVX-512VL gives it 32 vector registers, so from three rows on
+/// a block multiplies four weight rows where AVX2 has room for two. Results
+/// are the same bit for bit on both paths (a test holds them to it); the
+/// environment variable times one against the other across processes.
+pub fn set_rows_cpu_avx512(on: bool) -> bool {
+    sys::rows_cpu_set_wide(on)
+}
+
 /// The widest head [`attention_rows_cpu`] takes.
 pub const ATTENTION_ROWS_MAX_DIM: i32 = 256;
 

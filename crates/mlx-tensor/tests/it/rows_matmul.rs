@@ -96,6 +96,39 @@ fn a_row_is_the_same_alone_and_among_others() {
     }
 }
 
+/// The AVX-512VL blocks (four weight rows at a time from three rows on, one
+/// pass for six to eight rows) give the AVX2 blocks' results bit for bit, in
+/// every dtype, for 1-8 rows, with and without an 8-lane tail. On a CPU
+/// without AVX-512VL there is one path and nothing to compare (said on
+/// stderr).
+#[test]
+fn the_avx512_and_avx2_blocks_agree_bit_for_bit() {
+    if !ops::set_rows_cpu_avx512(true) {
+        eprintln!("no AVX-512VL here (or MTP_ROWS_CPU_AVX512=0): one path only");
+        return;
+    }
+    for (n, k) in [(1100, 300), (600, 301)] {
+        for dtype in [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16] {
+            let w = arr(&host_noise(4, n * k), &[n as i32, k as i32])
+                .as_type(dtype)
+                .unwrap();
+            for rows in 1..=8 {
+                let x = arr(
+                    &host_noise(5 + rows as u64, rows * k),
+                    &[rows as i32, k as i32],
+                )
+                .as_type(dtype)
+                .unwrap();
+                let wide = values(&ops::rows_matmul_t(&x, &w).unwrap());
+                ops::set_rows_cpu_avx512(false);
+                let narrow = values(&ops::rows_matmul_t(&x, &w).unwrap());
+                ops::set_rows_cpu_avx512(true);
+                assert_eq!(wide, narrow, "{dtype:?} [{rows}, {k}] x [{n}, {k}]");
+            }
+        }
+    }
+}
+
 /// Strided operands (a transposed weight, every other row of `x`) give the
 /// result of their contiguous copies exactly.
 #[test]
