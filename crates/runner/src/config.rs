@@ -11,13 +11,39 @@ mod hybrid;
 pub use hybrid::{HybridConfig, LayerKind};
 
 /// A token id or a list of them (`eos_token_id` is either in the wild).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenIds {
     /// One id.
     One(u32),
     /// Several ids.
     Many(Vec<u32>),
+}
+
+impl<'de> Deserialize<'de> for TokenIds {
+    /// An integer in `0..=u32::MAX` or a list of them; anything else is an
+    /// error that says what a token id is (serde's own untagged-enum message
+    /// named neither the key nor the rule).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error as _;
+        use serde_json::Value;
+        let v = Value::deserialize(d)?;
+        let id = |x: &Value| x.as_u64().and_then(|i| u32::try_from(i).ok());
+        match &v {
+            Value::Array(a) => a
+                .iter()
+                .map(id)
+                .collect::<Option<Vec<u32>>>()
+                .map(TokenIds::Many),
+            x => id(x).map(TokenIds::One),
+        }
+        .ok_or_else(|| {
+            D::Error::custom(format!(
+                "a token id (`eos_token_id`, `bos_token_id`, `pad_token_id`) must be an \
+                 integer from 0 to {} or a list of them; got {v}",
+                u32::MAX
+            ))
+        })
+    }
 }
 
 impl TokenIds {

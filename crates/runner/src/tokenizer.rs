@@ -112,6 +112,24 @@ impl Tokenizer {
         {
             eos_ids.push(e);
         }
+        // An end id the model cannot produce never ends anything: said, and
+        // dropped (kept, it would also widen a drafting vocabulary's
+        // special ids past the unembedding).
+        let outside: Vec<u32> = eos_ids
+            .iter()
+            .copied()
+            .filter(|&e| e as usize >= config.vocab_size)
+            .collect();
+        if !outside.is_empty() {
+            eos_ids.retain(|e| !outside.contains(e));
+            tracing::warn!(
+                ids = ?outside,
+                vocab_size = config.vocab_size,
+                kept = ?eos_ids,
+                "`eos_token_id` (config.json / generation_config.json) names ids outside the \
+                 model's vocabulary: it can never produce them, so they are ignored"
+            );
+        }
         let chat_template = tc.chat_template.and_then(|t| match t {
             Template::One(s) => Some(s),
             Template::Named(v) => v

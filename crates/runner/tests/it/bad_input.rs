@@ -179,6 +179,33 @@ fn corrupt_safetensors_headers() {
 }
 
 #[test]
+fn end_token_ids_are_token_ids_inside_the_vocabulary() {
+    // Not an id: the error says what a token id is and shows the value.
+    for bad in [serde_json::json!(-5), serde_json::json!([1, "two"])] {
+        let shown = bad.to_string();
+        check(
+            |d| edit_json(&d.join("config.json"), |v| v["eos_token_id"] = bad),
+            &["config.json", "token id", "eos_token_id", &shown],
+        );
+    }
+    // An id past the vocabulary loads, and is not an end id (the model can
+    // never produce it); the ids inside it stay.
+    let dir = common::write(&Fixture::new(Arch::Qwen3), 1);
+    let vocab = {
+        let text = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["vocab_size"].as_u64().unwrap() as u32
+    };
+    edit_json(&dir.path().join("config.json"), |v| {
+        v["eos_token_id"] = serde_json::json!([1, vocab, vocab + 1000])
+    });
+    let m = common::load(dir.path());
+    let eos = m.tokenizer.eos_ids();
+    assert!(eos.contains(&1), "{eos:?}");
+    assert!(eos.iter().all(|&e| e < vocab), "{eos:?} (vocab {vocab})");
+}
+
+#[test]
 fn tokenizer_larger_than_vocab_is_a_mismatch() {
     check(
         |d| {
