@@ -112,24 +112,7 @@ impl Tokenizer {
         {
             eos_ids.push(e);
         }
-        // An end id the model cannot produce never ends anything: said, and
-        // dropped (kept, it would also widen a drafting vocabulary's
-        // special ids past the unembedding).
-        let outside: Vec<u32> = eos_ids
-            .iter()
-            .copied()
-            .filter(|&e| e as usize >= config.vocab_size)
-            .collect();
-        if !outside.is_empty() {
-            eos_ids.retain(|e| !outside.contains(e));
-            tracing::warn!(
-                ids = ?outside,
-                vocab_size = config.vocab_size,
-                kept = ?eos_ids,
-                "`eos_token_id` (config.json / generation_config.json) names ids outside the \
-                 model's vocabulary: it can never produce them, so they are ignored"
-            );
-        }
+        drop_outside_vocab(&mut eos_ids, config.vocab_size);
         let chat_template = tc.chat_template.and_then(|t| match t {
             Template::One(s) => Some(s),
             Template::Named(v) => v
@@ -298,4 +281,26 @@ impl Tokenizer {
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
+}
+
+/// Drops the end ids at or past `vocab` with a warning: the model can never
+/// produce them, so they never end anything (kept, they would also widen a
+/// drafting vocabulary's special ids past the unembedding).
+fn drop_outside_vocab(eos_ids: &mut Vec<u32>, vocab: usize) {
+    let outside: Vec<u32> = eos_ids
+        .iter()
+        .copied()
+        .filter(|&e| e as usize >= vocab)
+        .collect();
+    if outside.is_empty() {
+        return;
+    }
+    eos_ids.retain(|e| !outside.contains(e));
+    tracing::warn!(
+        ids = ?outside,
+        vocab_size = vocab,
+        kept = ?eos_ids,
+        "`eos_token_id` (config.json / generation_config.json) names ids outside the \
+         model's vocabulary: it can never produce them, so they are ignored"
+    );
 }
