@@ -357,31 +357,27 @@ std::atomic<bool>& wide_wanted() {
 
 bool use_wide() { return has_avx512vl() && wide_wanted().load(std::memory_order_relaxed); }
 
-template <typename W>
-void features_x86_512(const float* x, int rows, int k, const W* w, int n0, int n1, float* out, int n) {
-  switch (rows) {
-    case 1: return features_avx512vl<W, 1>(x, k, w, n0, n1, out, n);
-    case 2: return features_avx512vl<W, 2>(x, k, w, n0, n1, out, n);
-    case 3: return features_avx512vl<W, 3>(x, k, w, n0, n1, out, n);
-    case 4: return features_avx512vl<W, 4>(x, k, w, n0, n1, out, n);
-    case 5: return features_avx512vl<W, 5>(x, k, w, n0, n1, out, n);
-    case 6: return features_avx512vl<W, 6>(x, k, w, n0, n1, out, n);
-    case 7: return features_avx512vl<W, 7>(x, k, w, n0, n1, out, n);
-    default: return features_avx512vl<W, 8>(x, k, w, n0, n1, out, n);
+// The `ROWS` blocks of one path: AVX-512VL's 32 registers (`WIDE`) or AVX2's 16.
+template <bool WIDE, typename W, int ROWS>
+void features_path(const float* x, int k, const W* w, int n0, int n1, float* out, int n) {
+  if constexpr (WIDE) {
+    features_avx512vl<W, ROWS>(x, k, w, n0, n1, out, n);
+  } else {
+    features_avx2<W, ROWS>(x, k, w, n0, n1, out, n);
   }
 }
 
-template <typename W>
+template <bool WIDE, typename W>
 void features_x86(const float* x, int rows, int k, const W* w, int n0, int n1, float* out, int n) {
   switch (rows) {
-    case 1: return features_avx2<W, 1>(x, k, w, n0, n1, out, n);
-    case 2: return features_avx2<W, 2>(x, k, w, n0, n1, out, n);
-    case 3: return features_avx2<W, 3>(x, k, w, n0, n1, out, n);
-    case 4: return features_avx2<W, 4>(x, k, w, n0, n1, out, n);
-    case 5: return features_avx2<W, 5>(x, k, w, n0, n1, out, n);
-    case 6: return features_avx2<W, 6>(x, k, w, n0, n1, out, n);
-    case 7: return features_avx2<W, 7>(x, k, w, n0, n1, out, n);
-    default: return features_avx2<W, 8>(x, k, w, n0, n1, out, n);
+    case 1: return features_path<WIDE, W, 1>(x, k, w, n0, n1, out, n);
+    case 2: return features_path<WIDE, W, 2>(x, k, w, n0, n1, out, n);
+    case 3: return features_path<WIDE, W, 3>(x, k, w, n0, n1, out, n);
+    case 4: return features_path<WIDE, W, 4>(x, k, w, n0, n1, out, n);
+    case 5: return features_path<WIDE, W, 5>(x, k, w, n0, n1, out, n);
+    case 6: return features_path<WIDE, W, 6>(x, k, w, n0, n1, out, n);
+    case 7: return features_path<WIDE, W, 7>(x, k, w, n0, n1, out, n);
+    default: return features_path<WIDE, W, 8>(x, k, w, n0, n1, out, n);
   }
 }
 #endif
@@ -389,8 +385,8 @@ void features_x86(const float* x, int rows, int k, const W* w, int n0, int n1, f
 template <typename W>
 void features(const float* x, int rows, int k, const W* w, int n0, int n1, float* out, int n) {
 #ifdef MTP_X86
-  if (use_wide()) return features_x86_512(x, rows, k, w, n0, n1, out, n);
-  if (has_avx2()) return features_x86(x, rows, k, w, n0, n1, out, n);
+  if (use_wide()) return features_x86<true>(x, rows, k, w, n0, n1, out, n);
+  if (has_avx2()) return features_x86<false>(x, rows, k, w, n0, n1, out, n);
 #endif
   features_portable(x, rows, k, w, n0, n1, out, n);
 }
