@@ -500,6 +500,21 @@ impl Versus {
     }
 }
 
+/// Auto against every fixed depth over sessions of three requests of 80
+/// rounds with seeds 1..=10: asserts that the best fixed depth is `best` and
+/// that auto gets at least `of_best` of its throughput; returns the figures
+/// for the caller's control of the curve's shape.
+fn versus_checked(sim: &Sim, best: usize, of_best: f64) -> Versus {
+    let v = Versus::new(sim, 3, 80, 10);
+    assert_eq!(v.best(), best, "{:?}: {sim:?}", v.fixed);
+    assert!(
+        v.ratio() >= of_best,
+        "auto at {:.3} of fixed depth {best}: {sim:?}",
+        v.ratio()
+    );
+    v
+}
+
 /// Asserts that auto, over sessions of three requests of 80 rounds with
 /// seeds 1..=10, gets at least `of_best` of the best fixed depth's
 /// throughput and `of_plain` times plain's.
@@ -557,13 +572,8 @@ fn a_cost_curve_that_is_not_a_line_is_learnt_where_measured() {
     // Control: on each curve some fixed depth is over 5% off the best, so
     // the curve's shape matters.
     for sim in [tiny_mtp_cpu_traced(0.3), gpu_8b_bf16_bent(0.1)] {
-        let v = Versus::new(&sim, 3, 80, 10);
-        let (ratio, best) = (v.ratio(), v.best());
-        assert_eq!(best, sim.best(), "{sim:?}");
-        assert!(
-            ratio >= 0.965,
-            "auto at {ratio:.3} of fixed depth {best}: {sim:?}"
-        );
+        let best = sim.best();
+        let v = versus_checked(&sim, best, 0.965);
         let top = v.fixed[best];
         assert!(
             (1..=6).any(|k| v.fixed[k] < 0.95 * top),
@@ -708,18 +718,12 @@ fn a_flat_stretch_of_the_curve_costs_little_whichever_depth_wins_it() {
     // 3 is within 5% of it, depth 4 not.
     for jitter in [0.0, 0.3] {
         let sim = tiny_mtp_cpu_bf16(jitter);
-        let v = Versus::new(&sim, 3, 80, 10);
-        assert_eq!(v.best(), 2, "{sim:?}");
+        let v = versus_checked(&sim, 2, 0.96);
         let top = v.fixed[2];
         assert!(
             v.fixed[3] > 0.95 * top && v.fixed[4] < 0.95 * top,
             "control: {:?}",
             v.fixed
-        );
-        assert!(
-            v.ratio() >= 0.96,
-            "auto at {:.3} of depth 2: {sim:?}",
-            v.ratio()
         );
         assert!(v.auto > v.fixed[0], "auto below plain: {sim:?}");
     }
@@ -755,17 +759,11 @@ fn a_launch_bound_gpu_shape_gets_near_its_best_fixed_depth() {
     // rounds were dear (docs/gpu.md, session 23).
     for jitter in [0.0, 0.1, 0.3] {
         let sim = tiny_h100_bf16(jitter);
-        let v = Versus::new(&sim, 3, 80, 10);
-        assert_eq!(v.best(), 4, "{:?}", v.fixed);
+        let v = versus_checked(&sim, 4, 0.95);
         assert!(
             v.fixed[5] > 0.99 * v.fixed[4] && v.fixed[6] < 0.97 * v.fixed[4],
             "control: {:?}",
             v.fixed
-        );
-        assert!(
-            v.ratio() >= 0.95,
-            "auto at {:.3} of depth 4: {sim:?}",
-            v.ratio()
         );
     }
 }
