@@ -36,6 +36,9 @@
 //!   own `--deadline-s` (it skips the cases that would pass it) and is killed
 //!   5 s after. Every row is stamped and appended to `--rows FILE` (JSON
 //!   lines) as it arrives, so a killed run keeps what it measured.
+//! * `--trace-depth tiny,8b`: those shapes' runs of ours log the auto
+//!   controller's decisions and rounds (`RUST_LOG=runner::depth=trace`) to the
+//!   run's stderr, the log.
 //! * Greedy speculative output must equal plain output per shape in f32 (ours;
 //!   an error otherwise); in bf16 it is reported (`greedy_equal_plain`).
 //! * The rows (suite `spec-scale`) are merged into docs/bench/results.json (or
@@ -82,6 +85,9 @@ struct Opts {
     /// mlx-lm plain only (`--mlx-lm-plain`).
     mlx_lm_plain: bool,
     passes: usize,
+    /// Shapes whose runs of ours log the auto controller's rounds to the log
+    /// (`--trace-depth tiny,8b`: `RUST_LOG=runner::depth=trace`).
+    trace_depth: Vec<String>,
 }
 
 fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
@@ -113,6 +119,7 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
         report: true,
         mlx_lm_plain: false,
         passes: 1,
+        trace_depth: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -130,6 +137,7 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
             "--out" => o.out = PathBuf::from(val()?),
             "--no-report" => o.report = false,
             "--mlx-lm-plain" => o.mlx_lm_plain = true,
+            "--trace-depth" => o.trace_depth = list(val()?),
             "--passes" => {
                 o.passes = val()?.parse().context("--passes: a whole number")?;
                 if o.passes == 0 {
@@ -138,7 +146,7 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
             }
             other => bail!(
                 "unknown spec-scale option `{other}` (known: --shapes, --dtypes, --tokens, --prompts, \
-                 --budget-s, --stage-cap-s, --work, --rows, --engines, --mlx-lm-plain, --passes, --out, --no-report)"
+                 --budget-s, --stage-cap-s, --work, --rows, --engines, --mlx-lm-plain, --passes, --trace-depth, --out, --no-report)"
             ),
         }
     }
@@ -390,7 +398,11 @@ fn run_with(o: &Opts, device: &Value) -> Result<Vec<Value>> {
         let mut c = if st.engine == "ours" {
             args.extend(ours_extra(&st.shape));
             args.extend(["--passes".into(), o.passes.to_string()]);
-            bins::command(SCALE_BENCH, &args)?
+            let mut c = bins::command(SCALE_BENCH, &args)?;
+            if o.trace_depth.contains(&st.shape) {
+                c.env("RUST_LOG", "runner::depth=trace");
+            }
+            c
         } else {
             let mut c = Command::new(python.as_ref().expect("checked above"));
             c.current_dir(cmd::root())
