@@ -194,6 +194,10 @@ pub(crate) struct DecodeArgs {
     /// Frequency penalty (0 = off).
     #[arg(long, default_value_t = 0.0)]
     pub frequency_penalty: f32,
+    /// Add BIAS to token ID's logit, as `ID=BIAS` (repeatable; -100 all but
+    /// bans the token, 100 all but forces it).
+    #[arg(long = "logit-bias", value_name = "ID=BIAS", value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
     /// Random seed (default: from the clock). With a seed, sampled output is the
     /// same run after run under every --speculative and --draft-tokens setting
     /// (auto depth then follows acceptance and a fixed cost model, not timings).
@@ -343,4 +347,22 @@ pub(crate) enum DtypeArg {
     Bf16,
     /// IEEE half.
     F16,
+}
+
+/// `--logit-bias ID=BIAS`: a token id and a finite bias.
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not ID=BIAS (for example 198=-100)"))?;
+    let id = id
+        .trim()
+        .parse::<u32>()
+        .map_err(|_| format!("`{id}` is not a token id (a whole number from 0)"))?;
+    let bias = bias
+        .trim()
+        .parse::<f32>()
+        .ok()
+        .filter(|b| b.is_finite())
+        .ok_or_else(|| format!("`{bias}` is not a finite number"))?;
+    Ok((id, bias))
 }

@@ -223,6 +223,7 @@ fn sampling(a: &DecodeArgs, g: &runner::GenerationConfig) -> SamplingOptions {
         repeat_penalty: a.repeat_penalty.or(g.repetition_penalty).unwrap_or(1.0),
         presence_penalty: a.presence_penalty,
         frequency_penalty: a.frequency_penalty,
+        logit_bias: a.logit_bias.clone(),
         seed: a.seed,
     }
 }

@@ -264,6 +264,15 @@ impl Session<'_> {
                 model: vocab,
             });
         }
+        // Checked here, before any forward, not at the first sampling.
+        if let Some(&(token, _)) = opts
+            .sampling
+            .logit_bias
+            .iter()
+            .find(|b| b.0 as usize >= vocab)
+        {
+            return Err(sampler::Error::BiasOutsideVocabulary { token, vocab }.into());
+        }
         Ok(opts.max_tokens.min(context - total))
     }
 

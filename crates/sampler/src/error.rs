@@ -14,6 +14,23 @@ pub enum Error {
         /// The allowed range, in words.
         allowed: &'static str,
     },
+    /// A token id appears twice in [`crate::Options::logit_bias`].
+    #[error("sampling option `logit_bias` names token {token} twice: give each token one bias")]
+    DuplicateBias {
+        /// The repeated token id.
+        token: u32,
+    },
+    /// A token id of [`crate::Options::logit_bias`] is outside the vocabulary.
+    #[error(
+        "sampling option `logit_bias` names token {token}, outside the vocabulary of {vocab} \
+         tokens"
+    )]
+    BiasOutsideVocabulary {
+        /// The token id.
+        token: u32,
+        /// The logits' width.
+        vocab: usize,
+    },
     /// The penalty history keeps fewer tokens than the options' window asks for.
     #[error(
         "the penalty history keeps the last {history} tokens but repeat_last_n is \

@@ -4,9 +4,9 @@ use crate::{Error, Result};
 
 /// How to turn logits into a token distribution.
 ///
-/// The pipeline is penalties → temperature → top-k → top-p → min-p →
-/// normalise (see [`crate::Distribution::from_logits`]): the logits are
-/// penalised, divided by the temperature, cut to the `top_k` largest, turned
+/// The pipeline is penalties → logit bias → temperature → top-k → top-p →
+/// min-p → normalise (see [`crate::Distribution::from_logits`]): the logits
+/// are penalised, biased per token, divided by the temperature, cut to the `top_k` largest, turned
 /// into probabilities, cut to the nucleus of mass `top_p`, cut below `min_p`
 /// times the largest probability, and renormalised. Each option's meaning
 /// (ranges, "off" values) follows ollama and llama.cpp.
@@ -50,6 +50,12 @@ pub struct Options {
     pub presence_penalty: f32,
     /// Subtracted from the logit of a token once per occurrence in the window; `0` is off.
     pub frequency_penalty: f32,
+    /// Added to the logits of these token ids after the penalties (OpenAI's
+    /// `logit_bias`): `-100` all but bans a token, `100` all but forces it.
+    /// Each bias must be finite and each id appear once; empty is off.
+    /// Plain and speculative decoding both sample from the biased logits
+    /// (the draft too), so speculation stays lossless under a bias.
+    pub logit_bias: Vec<(u32, f32)>,
     /// Seed for a reproducible [`crate::KeyStream`]; `None` lets the caller pick one.
     pub seed: Option<u64>,
 }
@@ -66,6 +72,7 @@ impl Default for Options {
             repeat_penalty: 1.0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: None,
         }
     }
@@ -136,13 +143,25 @@ impl Options {
             ),
         ];
         // NaN fails every comparison above, so it is caught by the same checks.
-        match checks.into_iter().find(|&(_, _, ok, _)| !ok) {
-            Some((name, value, _, allowed)) => Err(Error::InvalidOption {
+        if let Some((name, value, _, allowed)) = checks.into_iter().find(|&(_, _, ok, _)| !ok) {
+            return Err(Error::InvalidOption {
                 name,
                 value,
                 allowed,
-            }),
-            None => Ok(()),
+            });
         }
+        if let Some(&(_, value)) = self.logit_bias.iter().find(|b| !b.1.is_finite()) {
+            return Err(Error::InvalidOption {
+                name: "logit_bias",
+                value,
+                allowed: "a finite number per token",
+            });
+        }
+        let mut ids: Vec<u32> = self.logit_bias.iter().map(|b| b.0).collect();
+        ids.sort_unstable();
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::DuplicateBias { token: w[0] });
+        }
+        Ok(())
     }
 }

@@ -1,7 +1,8 @@
-//! Repetition penalties (repeat, presence, frequency) applied on the device.
+//! Repetition penalties (repeat, presence, frequency) and the per-token
+//! logit bias, applied on the device.
 //!
-//! Per-token counts are built with one `scatter_add` from host index lists;
-//! the logits never leave the device.
+//! Per-token counts are built with one `scatter_add` from host index lists,
+//! the bias row with another; the logits never leave the device.
 
 use mlx_tensor::{Array, Dtype, ops};
 
@@ -14,14 +15,44 @@ pub(crate) fn chain_prefix(chain_len: usize, rows: usize, row: usize) -> usize {
     (chain_len + row + 1).saturating_sub(rows)
 }
 
-/// Penalised copy of `logits` (`[R, V]` f32), row `r` seeing the history plus
-/// its chain prefix. Returns `logits` itself when no penalty applies.
+/// Penalised and biased copy of `logits` (`[R, V]` f32), row `r` seeing the
+/// history plus its chain prefix. Returns `logits` itself when neither
+/// applies.
 pub(crate) fn apply(
     logits: &Array,
     opts: &Options,
     history: &History,
     chain: &[u32],
 ) -> Result<Array> {
+    let penalised = penalise(logits, opts, history, chain)?;
+    bias(&penalised, &opts.logit_bias)
+}
+
+/// `logits` (`[R, V]` f32) plus `bias` on its token columns, every row alike.
+fn bias(logits: &Array, bias: &[(u32, f32)]) -> Result<Array> {
+    if bias.is_empty() {
+        return Ok(logits.clone());
+    }
+    let vocab = logits.dim(1);
+    if let Some(&(token, _)) = bias.iter().find(|b| b.0 as i64 >= vocab as i64) {
+        return Err(Error::BiasOutsideVocabulary {
+            token,
+            vocab: vocab as usize,
+        });
+    }
+    let n = bias.len() as i32;
+    let index: Vec<i32> = bias.iter().map(|b| b.0 as i32).collect();
+    let value: Vec<f32> = bias.iter().map(|b| b.1).collect();
+    let row = ops::zeros(&[1, vocab], Dtype::Float32)?.scatter_add(
+        &Array::from_slice(&index, &[1, n])?,
+        &Array::from_slice(&value, &[1, n])?,
+        1,
+    )?;
+    Ok(logits.add(&row)?)
+}
+
+/// The repetition penalties of `opts` on `logits` (see [`apply`]).
+fn penalise(logits: &Array, opts: &Options, history: &History, chain: &[u32]) -> Result<Array> {
     if !opts.uses_penalties() {
         return Ok(logits.clone());
     }

@@ -53,6 +53,12 @@ struct Wire {
     n: Option<u64>,
     logprobs: Option<Value>,
     ignore_eos: Option<bool>,
+    logit_bias: Option<serde_json::Map<String, Value>>,
+    echo: Option<bool>,
+    best_of: Option<u64>,
+    suffix: Option<Value>,
+    response_format: Option<Value>,
+    tools: Option<Vec<Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -169,7 +175,84 @@ fn unsupported(w: &Wire) -> Result<(), ApiError> {
             "`logprobs` is not supported by this server: drop it".into(),
         ));
     }
+    if w.echo == Some(true) {
+        return Err(ApiError::invalid(
+            "echo",
+            "`echo` is not supported by this server: drop it (the prompt is not repeated in \
+             the answer)"
+                .into(),
+        ));
+    }
+    if let Some(b) = w.best_of
+        && b != 1
+    {
+        return Err(ApiError::invalid(
+            "best_of",
+            format!("`best_of` is {b}: this server generates one completion per request (1)"),
+        ));
+    }
+    if w.suffix
+        .as_ref()
+        .is_some_and(|v| !matches!(v, Value::Null) && v != &json!(""))
+    {
+        return Err(ApiError::invalid(
+            "suffix",
+            "`suffix` (text after the completion) is not supported by this server: drop it".into(),
+        ));
+    }
+    if let Some(f) = &w.response_format {
+        let kind = f.get("type").and_then(Value::as_str);
+        if kind != Some("text") {
+            return Err(ApiError::invalid(
+                "response_format",
+                format!(
+                    "`response_format` {}: this server does not constrain its output (JSON or \
+                     schema modes); drop it or pass {{\"type\": \"text\"}}",
+                    kind.map_or_else(|| "has no `type`".to_owned(), |k| format!("is `{k}`"))
+                ),
+            ));
+        }
+    }
+    if w.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::invalid(
+            "tools",
+            "`tools` (function calling) is not supported by this server: drop it".into(),
+        ));
+    }
     Ok(())
+}
+
+/// Most `logit_bias` entries a request may give (OpenAI's own limit).
+const MAX_LOGIT_BIAS: usize = 300;
+
+/// `logit_bias`: token ids (JSON object keys) to biases in `[-100, 100]`,
+/// as OpenAI's API takes them; ids are checked against the vocabulary later.
+fn logit_bias(m: &serde_json::Map<String, Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |msg: String| ApiError::invalid("logit_bias", msg);
+    if m.len() > MAX_LOGIT_BIAS {
+        return Err(bad(format!(
+            "`logit_bias` has {} entries: at most {MAX_LOGIT_BIAS}",
+            m.len()
+        )));
+    }
+    m.iter()
+        .map(|(k, v)| {
+            let id = k.trim().parse::<u32>().map_err(|_| {
+                bad(format!(
+                    "`logit_bias` key `{k}` is not a token id (a whole number from 0)"
+                ))
+            })?;
+            let b = v
+                .as_f64()
+                .filter(|b| (-100.0..=100.0).contains(b))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "`logit_bias[\"{k}\"]` is {v}: a bias is a number from -100 to 100"
+                    ))
+                })?;
+            Ok((id, b as f32))
+        })
+        .collect()
 }
 
 /// The decoding fields as engine [`Params`].
@@ -197,6 +280,7 @@ fn params(w: &Wire) -> Result<Params, ApiError> {
         presence_penalty: w.presence_penalty,
         frequency_penalty: w.frequency_penalty,
         repetition_penalty: w.repetition_penalty,
+        logit_bias: w.logit_bias.as_ref().map(logit_bias).transpose()?,
     })
 }
 
@@ -505,6 +589,40 @@ mod tests {
         check(&format!(r#"{{{MSG},"n":2}}"#), "n");
         check(&format!(r#"{{{MSG},"ignore_eos":true}}"#), "ignore_eos");
         check(&format!(r#"{{{MSG},"logprobs":true}}"#), "logprobs");
+        check(&format!(r#"{{{MSG},"echo":true}}"#), "echo");
+        check(&format!(r#"{{{MSG},"best_of":3}}"#), "best_of");
+        check(&format!(r#"{{{MSG},"suffix":"x"}}"#), "suffix");
+        check(
+            &format!(r#"{{{MSG},"response_format":{{"type":"json_object"}}}}"#),
+            "response_format",
+        );
+        check(
+            &format!(r#"{{{MSG},"tools":[{{"type":"function"}}]}}"#),
+            "tools",
+        );
+        check(
+            &format!(
+                r#"{{{MSG},"echo":false,"best_of":1,"suffix":"","tools":[],"response_format":{{"type":"text"}},"logit_bias":{{"5":-100,"7":2.5}}}}"#
+            ),
+            "ok",
+        );
+        check(
+            &format!(r#"{{{MSG},"logit_bias":{{"x":1}}}}"#),
+            "logit_bias",
+        );
+        check(
+            &format!(r#"{{{MSG},"logit_bias":{{"-1":1}}}}"#),
+            "logit_bias",
+        );
+        check(
+            &format!(r#"{{{MSG},"logit_bias":{{"5":101}}}}"#),
+            "logit_bias",
+        );
+        check(
+            &format!(r#"{{{MSG},"logit_bias":{{"5":"a"}}}}"#),
+            "logit_bias",
+        );
+        check(&format!(r#"{{{MSG},"logit_bias":[1]}}"#), "logit_bias");
         check(
             &format!(r#"{{{MSG},"stream_options":{{"include_usage":true}}}}"#),
             "stream_options",

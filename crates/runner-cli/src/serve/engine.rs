@@ -101,6 +101,8 @@ pub(super) struct Params {
     pub frequency_penalty: Option<f32>,
     /// Repetition penalty (1 = off).
     pub repetition_penalty: Option<f32>,
+    /// Per-token logit biases (replace the server's `--logit-bias`).
+    pub logit_bias: Option<Vec<(u32, f32)>>,
 }
 
 /// Why a generation ended, in OpenAI's terms (`stop` covers EOS and stop strings).
@@ -461,6 +463,18 @@ impl Engine {
         s.presence_penalty = p.presence_penalty.unwrap_or(s.presence_penalty);
         s.frequency_penalty = p.frequency_penalty.unwrap_or(s.frequency_penalty);
         s.repeat_penalty = p.repetition_penalty.unwrap_or(s.repeat_penalty);
+        if let Some(bias) = &p.logit_bias {
+            let vocab = self.tokenizers.plain.vocab_size();
+            if let Some(&(t, _)) = bias.iter().find(|b| b.0 as usize >= vocab) {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!(
+                        "`logit_bias` names token {t}, outside the vocabulary of {vocab} tokens"
+                    ),
+                ));
+            }
+            s.logit_bias = bias.clone();
+        }
         if p.seed.is_some() {
             s.seed = p.seed;
         }

@@ -341,6 +341,20 @@ fn malformed_input_gets_its_status_and_names_the_field() {
             None,
             vec!["65536-byte"],
         ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "logit_bias": {"99999": -100}}).to_string(),
+            400,
+            Some("logit_bias"),
+            vec!["99999", "8192"],
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": user("x"), "logit_bias": {"5": 250}}).to_string(),
+            400,
+            Some("logit_bias"),
+            vec!["-100 to 100"],
+        ),
         ("/v1/nowhere", "{}".into(), 404, None, vec!["/v1/nowhere"]),
     ];
     for (path, body, status, param, words) in &table {
@@ -373,6 +387,20 @@ fn malformed_input_gets_its_status_and_names_the_field() {
     // After all of that the server still answers.
     let (got, v) = s.post_json("/v1/chat/completions", &chat_body(&user("hi"), 4));
     assert_eq!(got, 200, "{v}");
+    // A logit bias is honoured: +100 on one token makes a greedy answer
+    // that token over and over, where the unbiased answer is not.
+    let text = |bias: Value, n: usize| {
+        let body =
+            json!({"prompt": [7, 8, 9], "max_tokens": n, "temperature": 0, "logit_bias": bias});
+        let (got, v) = s.post_json("/v1/completions", &body);
+        assert_eq!(got, 200, "{v}");
+        v["choices"][0]["text"].as_str().unwrap().to_owned()
+    };
+    let one = text(json!({"70": 100}), 1);
+    assert!(!one.is_empty());
+    let forced = text(json!({"70": 100}), 6);
+    assert_eq!(forced, one.repeat(6));
+    assert_ne!(text(json!({}), 6), forced, "control: unbiased");
 }
 
 #[test]

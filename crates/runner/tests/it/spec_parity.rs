@@ -133,6 +133,39 @@ fn eos_inside_an_accepted_run_ends_generation_and_is_not_committed() {
     );
 }
 
+/// A logit bias is the target's distribution too: greedy speculation under
+/// a bias equals plain greedy decoding under it (the draft is biased alike,
+/// or it would be rejected where the bias moves the argmax).
+#[test]
+fn greedy_speculation_under_a_logit_bias_equals_plain_decoding() {
+    let m = load(&tiny_dir());
+    let prompts = heldout_prompts(&m);
+    for prompt in &prompts[..3] {
+        let base = plain(&m, prompt, &greedy(48, DepthPolicy::Fixed(0)));
+        let banned = most_frequent(&base.token_ids);
+        let forced = (0..m.tokenizer.vocab_size() as u32)
+            .find(|t| !base.token_ids.contains(t) && !m.tokenizer.eos_ids().contains(t))
+            .unwrap();
+        for bias in [vec![(banned, -100.0)], vec![(forced, 12.0), (banned, -5.0)]] {
+            let biased = |depth| {
+                let mut o = greedy(48, depth);
+                o.sampling.logit_bias = bias.clone();
+                o
+            };
+            let want = plain(&m, prompt, &biased(DepthPolicy::Fixed(0)));
+            // Control: the bias changes the output.
+            assert_ne!(want.token_ids, base.token_ids, "{bias:?}");
+            if bias.len() == 1 {
+                assert!(!want.token_ids.contains(&banned), "{bias:?}");
+            }
+            for depth in [DepthPolicy::Fixed(3), DepthPolicy::Auto { max: 6 }] {
+                let got = speculative(&m, prompt, &biased(depth));
+                assert_eq!(got.token_ids, want.token_ids, "{bias:?} at {depth:?}");
+            }
+        }
+    }
+}
+
 #[test]
 fn draft_length_is_capped_by_the_remaining_budget() {
     let m = load(&tiny_dir());

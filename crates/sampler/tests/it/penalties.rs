@@ -217,3 +217,43 @@ fn a_token_outside_the_vocabulary_is_an_error() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn a_logit_bias_adds_to_its_tokens_after_the_penalties() {
+    // Presence 1 on seen token 0, then +1.5 on token 1 and -3 on token 0,
+    // alike on every row (two rows of a speculative chain).
+    let o = with(|o| {
+        o.presence_penalty = 1.0;
+        o.logit_bias = vec![(1, 1.5), (0, -3.0)];
+    });
+    check(
+        o,
+        &[0],
+        &[4],
+        &[LOGITS, LOGITS],
+        &[[-2.0, -0.5, 1.0, 0.5, 0.0], [-2.0, -0.5, 1.0, 0.5, -1.0]],
+    );
+}
+
+#[test]
+fn a_bad_logit_bias_is_named() -> Result<()> {
+    let a = Array::from_slice(&[0.0f32; 5], &[1, 5])?;
+    let h = History::new(64);
+    let err = |bias: Vec<(u32, f32)>| {
+        let o = with(|o| o.logit_bias = bias);
+        Distribution::from_logits(&a, &o, &h, &[]).unwrap_err()
+    };
+    let e = err(vec![(5, 1.0)]);
+    assert!(
+        matches!(e, Error::BiasOutsideVocabulary { token: 5, vocab: 5 }),
+        "{e:?}"
+    );
+    let e = err(vec![(2, 1.0), (2, -1.0)]);
+    assert!(matches!(e, Error::DuplicateBias { token: 2 }), "{e:?}");
+    let e = err(vec![(2, f32::NAN)]);
+    assert!(e.to_string().contains("logit_bias"), "{e}");
+    // Control: the same ids, once each and in range, are fine.
+    let o = with(|o| o.logit_bias = vec![(2, 1.0), (4, -1.0)]);
+    Distribution::from_logits(&a, &o, &h, &[])?;
+    Ok(())
+}
