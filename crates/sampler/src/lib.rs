@@ -2,8 +2,8 @@
 //!
 //! [`Options`] (validated) describe how logits become a token
 //! [`Distribution`]: dense `[R, V]` probability rows on the device, built by
-//! penalties (from a per-sequence [`History`]) → temperature → top-k → top-p →
-//! min-p → normalise. Temperature 0 gives one-hot argmax rows, so greedy
+//! penalties (from a per-sequence [`History`]) → logit bias → temperature →
+//! top-k → top-p → min-p → normalise. Temperature 0 gives one-hot argmax rows, so greedy
 //! decoding and greedy speculation need no separate code path.
 //!
 //! For speculative decoding, [`accept_chain`] accepts a prefix of a draft
