@@ -491,6 +491,8 @@ impl Engine {
                     "repeat_penalty" => "repetition_penalty",
                     n => n,
                 },
+                runner::sampler::Error::DuplicateBias { .. }
+                | runner::sampler::Error::BiasOutsideVocabulary { .. } => "logit_bias",
                 _ => "",
             };
             return Err(ApiError::invalid(param, format!("{e}")));

@@ -355,6 +355,13 @@ fn malformed_input_gets_its_status_and_names_the_field() {
             Some("logit_bias"),
             vec!["-100 to 100"],
         ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": user("x"), "logit_bias": {"5": 1, "05": 2}}).to_string(),
+            400,
+            Some("logit_bias"),
+            vec!["token 5 twice"],
+        ),
         ("/v1/nowhere", "{}".into(), 404, None, vec!["/v1/nowhere"]),
     ];
     for (path, body, status, param, words) in &table {
