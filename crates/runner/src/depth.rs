@@ -16,7 +16,9 @@
 //! token always commits), so speculation switches itself off when it does not
 //! pay. Every few rounds it probes a neighbour of the best depth (one deeper,
 //! then one shallower; from plain, the drafting depth the model rates best)
-//! so stale estimates get refreshed; the interval doubles
+//! so stale estimates get refreshed; a probe of a depth with fewer than three
+//! cost samples runs until it has three, so one dear round (a first use of
+//! the depth's shapes on a GPU) does not stand for the depth; the interval doubles
 //! while probes leave the choice alone and resets when the choice moves (a
 //! session's next request keeps the interval reached). Once plain is
 //! settled, a probe also waits until its modelled excess over plain is at
@@ -60,6 +62,12 @@ const SEED_ROUNDS: usize = 3;
 /// How much dearer than modelled a round must be to be held back as a stall
 /// (see [`DepthController::record`]).
 const STALL_FACTOR: f64 = 3.0;
+/// The same for a depth's first timed round, whose cost the model only
+/// extrapolates: a first round still paying for shapes built on first use
+/// (1.8× the depth's cost, traced on an H100) would otherwise be the
+/// depth's only sample, fix the cost line's slope through it, and keep
+/// every deeper depth condemned for the rest of the request.
+const FIRST_STALL_FACTOR: f64 = 1.5;
 /// Rounds between probes right after the choice moved, and the cap the
 /// interval doubles up to while probes leave it alone.
 const PROBE_MIN: u64 = 8;
@@ -270,12 +278,16 @@ impl DepthController {
         if k == best {
             return (best, Reason::Best);
         }
+        // A depth measured fewer than `SEED_ROUNDS` times is probed until it
+        // has that many samples, so that its median outvotes one dear
+        // round (a first use of its shapes) rather than being it. The
+        // first drafted round after plain steps is not timed (see
+        // `record`): one more round then.
+        let rounds = SEED_ROUNDS.saturating_sub(self.cost.count(k)).max(1) + usize::from(best == 0);
         if best == 0 {
             self.probe_far = !self.probe_far;
-            // The first drafted round after plain steps is not timed (see
-            // `record`): draft twice so the probe measures a cost.
-            self.probe = Some((k, 0));
         }
+        self.probe = (rounds > 1).then(|| (k, rounds - 2));
         (k, Reason::Probe)
     }
 
@@ -369,13 +381,18 @@ impl DepthController {
     /// A timed round's cost sample: a catch-up's excess goes to the plain
     /// tokens before it, a first stall is held back.
     fn observe_cost(&mut self, drafted: usize, accepted: usize, seconds: f64, catch_up: bool) {
+        let factor = if self.cost.count(drafted) == 0 {
+            FIRST_STALL_FACTOR
+        } else {
+            STALL_FACTOR
+        };
         let stall = self
             .cost
             .costs()
             .get(drafted)
             .copied()
             .flatten()
-            .is_some_and(|c| seconds > STALL_FACTOR * c);
+            .is_some_and(|c| seconds > factor * c);
         // Held back when a stall follows a round that was not held.
         let held = self.held.get_mut(drafted).is_some_and(|h| {
             let hold = stall && !*h;

@@ -18,11 +18,16 @@ struct Sim {
     catch_up: f64,
     /// Multiplicative timing noise: uniform in `1 ± jitter`.
     jitter: f64,
-    /// Extra seconds of the first round at each drafting depth (kernels
-    /// built on first use of its shapes), and of each of the first
-    /// `early_stalls` drafted rounds (kernels built on first use of an op).
+    /// Extra seconds of the first `first_use_rounds` rounds at each drafting
+    /// depth (kernels built on first use of its shapes; one round unless
+    /// said), and of each of the first `early_stalls` drafted rounds
+    /// (kernels built on first use of an op).
     first_use: f64,
+    first_use_rounds: usize,
     early_stalls: usize,
+    /// Whether `first_use` is paid in a session's first request only (a
+    /// process builds each shape once), not in every request.
+    first_use_once: bool,
     /// Extra seconds of a round at each depth over the line (`bend[d]`; a
     /// cost curve that is not a line, as with kernels chosen by row count).
     bend: Vec<f64>,
@@ -47,7 +52,9 @@ impl Sim {
             catch_up: 0.0,
             jitter: 0.0,
             first_use: 0.0,
+            first_use_rounds: 1,
             early_stalls: 0,
+            first_use_once: false,
             bend: Vec::new(),
             alt: Vec::new(),
             switch: 0.0,
@@ -97,7 +104,7 @@ impl Sim {
     ) -> (Vec<usize>, usize, f64) {
         let mut rng = SplitMix(seed);
         let mut plain = 0;
-        let mut used = vec![false; self.accept.len() + 1];
+        let mut used = vec![0; self.accept.len() + 1];
         let (mut tokens, mut seconds) = (0, 0.0);
         let mut drafted_rounds = 0;
         let mut in_alt = false;
@@ -113,9 +120,10 @@ impl Sim {
                 } else {
                     0.0
                 };
-                if k > 0 && !std::mem::replace(&mut used[k], true) {
+                if k > 0 && used[k] < self.first_use_rounds {
                     extra += self.first_use;
                 }
+                used[k] += 1;
                 if k > 0 && drafted_rounds < self.early_stalls {
                     extra += self.first_use;
                 }
@@ -340,20 +348,29 @@ fn deep_on_a_flat_cost_curve_shallow_on_a_steep_one() {
 #[test]
 fn follows_a_change_of_text() {
     // 300 rounds of easy text (depth 3 best), then drafts stop being accepted:
-    // after 200 rounds the controller is back at plain decoding. The pace is
-    // set by the acceptance window (about 30 rounds that reach position 1;
-    // plain rounds between probes do not count).
+    // after 200 rounds the controller is mostly back at plain decoding. The
+    // pace is set by the acceptance window (about 30 rounds that reach
+    // position 1; plain rounds between probes do not count). Over 20 seeds,
+    // as one seed's share ranges from 0.5 to 0.97 (depth 1 costs 1.3 plain
+    // steps, so timing noise of ±20% sometimes rates it near plain): a mean
+    // of 0.87 when written, 0.85 with probes that repeat until a depth has
+    // three samples. Pass: 0.8.
     let easy = depth_three_best(0.2);
     let hard = Sim {
         accept: vec![0.05; 6],
         ..easy.clone()
     };
     assert_eq!(hard.best(), 0);
-    let mut d = DepthController::new(DepthPolicy::default());
-    easy.run(&mut d, 300, 3);
-    let picks = hard.run(&mut d, 400, 4);
-    let late = &picks[200..];
-    assert!(share_near(late, 0, 0) >= 0.9, "{late:?}");
+    let shares: Vec<f64> = (0..20)
+        .map(|seed| {
+            let mut d = DepthController::new(DepthPolicy::default());
+            easy.run(&mut d, 300, 3 + 10 * seed);
+            let picks = hard.run(&mut d, 400, 4 + 10 * seed);
+            share_near(&picks[200..], 0, 0)
+        })
+        .collect();
+    let mean = shares.iter().sum::<f64>() / shares.len() as f64;
+    assert!(mean >= 0.8, "{mean:.3}: {shares:?}");
 }
 
 /// Modelled on the 8B shape in bf16 on an H200 (fixed depths 1-4 measured
@@ -459,10 +476,20 @@ fn session_throughput(
     seeds: u64,
 ) -> f64 {
     let (mut tokens, mut seconds) = (0, 0.0);
+    let warm = Sim {
+        first_use: 0.0,
+        early_stalls: 0,
+        ..sim.clone()
+    };
     for seed in 1..=seeds {
         let mut learned = None;
         for r in 0..requests {
             let mut d = DepthController::resume(policy, learned.as_ref());
+            let sim = if r > 0 && sim.first_use_once {
+                &warm
+            } else {
+                sim
+            };
             let (_, t, s) = sim.run_timed(&mut d, rounds, seed * 1000 + r);
             tokens += t;
             seconds += s;
@@ -764,6 +791,56 @@ fn a_launch_bound_gpu_shape_gets_near_its_best_fixed_depth() {
             v.fixed[5] > 0.99 * v.fixed[4] && v.fixed[6] < 0.97 * v.fixed[4],
             "control: {:?}",
             v.fixed
+        );
+    }
+}
+
+/// tiny-mtp in bf16 on an H100 at 292a4a1 (session 25, `gpu.sh
+/// check-scale`): a pipelined plain token 0.65 ms; fixed-depth rounds of
+/// 1.46, 1.70, 1.86 and 2.03 ms at depths 1-4; conditional acceptance 0.92,
+/// 0.88, 0.92, 0.75 (fixed depth 4), then about 0.7 and 0.6; the drafter's
+/// catch-up about 0.03 ms per plain token. In auto's process the first two
+/// rounds at a depth were dear (a first depth-4 probe: 2.79 ms for the
+/// catch-up, then 3.54 ms timed with none accepted), and that one sample
+/// set the cost line's slope to 0.6 ms a depth: auto stayed at plain for
+/// 435 of 554 rounds, probing depth 1 only, at 0.92 × plain (depth 4:
+/// 1.29 × plain).
+fn tiny_h100_first_uses(jitter: f64) -> Sim {
+    Sim {
+        accept: vec![0.92, 0.88, 0.92, 0.75, 0.7, 0.6],
+        plain: 0.65e-3,
+        c0: 1.31e-3,
+        c1: 0.18e-3,
+        catch_up: 0.03e-3,
+        jitter,
+        first_use: 1.5e-3,
+        first_use_rounds: 2,
+        first_use_once: true,
+        drift: 0.5,
+        ..Sim::linear()
+    }
+}
+
+#[test]
+fn dear_first_rounds_at_a_depth_do_not_condemn_the_deeper_depths() {
+    // Sessions of three requests of 80 rounds, seeds 1..=10, the first two
+    // rounds at each depth of a session 1.5 ms dearer. Pass: auto at least
+    // 0.9 of the best fixed depth (which pays its first uses once, auto at
+    // every depth it tries) and 1.15 × plain. When written: 0.92, 0.92 and
+    // 0.93 of the best, 1.19 × plain, for jitter 0, 0.1 and 0.3; before
+    // a depth's first timed round was held back at 1.5× its modelled cost
+    // (not 3×) and probes repeated until a depth has three samples, 0.81,
+    // 0.85 and 0.86 of the best, 1.04-1.11 × plain. Without the first-use
+    // costs: 0.99, 0.99 and 0.98.
+    for jitter in [0.0, 0.1, 0.3] {
+        let sim = tiny_h100_first_uses(jitter);
+        let v = Versus::new(&sim, 3, 80, 10);
+        assert!(
+            v.ratio() >= 0.9 && v.auto >= 1.15 * v.fixed[0],
+            "auto at {:.3} of fixed depth {}, {:.3} of plain: {sim:?}",
+            v.ratio(),
+            v.best(),
+            v.auto / v.fixed[0]
         );
     }
 }
