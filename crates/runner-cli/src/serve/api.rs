@@ -147,79 +147,79 @@ fn wire(body: &[u8]) -> Result<Wire, ApiError> {
     Ok(w)
 }
 
-/// Fields whose values ask for something this server does not do.
+/// Fields whose values ask for something this server does not do: the
+/// first such field, named, with what to do instead.
 fn unsupported(w: &Wire) -> Result<(), ApiError> {
-    if w.ignore_eos == Some(true) {
+    let asks = |v: &Option<Value>, off: &[Value]| v.as_ref().is_some_and(|v| !off.contains(v));
+    let format = w
+        .response_format
+        .as_ref()
+        .map(|f| f.get("type").and_then(Value::as_str));
+    let refusals: [(&str, Option<String>); 8] = [
         // The model's own end-of-sequence ids always end generation in `runner`.
-        return Err(ApiError::invalid(
+        (
             "ignore_eos",
-            "`ignore_eos` is not supported by this server: drop it (generation ends at the \
-             model's end-of-sequence token, or at `max_tokens`)"
-                .into(),
-        ));
-    }
-    if let Some(n) = w.n
-        && n != 1
-    {
-        return Err(ApiError::invalid(
+            (w.ignore_eos == Some(true)).then(|| {
+                "`ignore_eos` is not supported by this server: drop it (generation ends at the \
+                 model's end-of-sequence token, or at `max_tokens`)"
+                    .into()
+            }),
+        ),
+        (
             "n",
-            format!("`n` is {n}: this server returns one choice per request (n = 1)"),
-        ));
-    }
-    if w.logprobs
-        .as_ref()
-        .is_some_and(|v| !matches!(v, Value::Null | Value::Bool(false)) && v != &json!(0))
-    {
-        return Err(ApiError::invalid(
+            w.n.filter(|&n| n != 1)
+                .map(|n| format!("`n` is {n}: this server returns one choice per request (n = 1)")),
+        ),
+        (
             "logprobs",
-            "`logprobs` is not supported by this server: drop it".into(),
-        ));
-    }
-    if w.echo == Some(true) {
-        return Err(ApiError::invalid(
+            asks(&w.logprobs, &[Value::Null, json!(false), json!(0)])
+                .then(|| "`logprobs` is not supported by this server: drop it".into()),
+        ),
+        (
             "echo",
-            "`echo` is not supported by this server: drop it (the prompt is not repeated in \
-             the answer)"
-                .into(),
-        ));
-    }
-    if let Some(b) = w.best_of
-        && b != 1
-    {
-        return Err(ApiError::invalid(
+            (w.echo == Some(true)).then(|| {
+                "`echo` is not supported by this server: drop it (the prompt is not repeated in \
+                 the answer)"
+                    .into()
+            }),
+        ),
+        (
             "best_of",
-            format!("`best_of` is {b}: this server generates one completion per request (1)"),
-        ));
-    }
-    if w.suffix
-        .as_ref()
-        .is_some_and(|v| !matches!(v, Value::Null) && v != &json!(""))
-    {
-        return Err(ApiError::invalid(
+            w.best_of.filter(|&b| b != 1).map(|b| {
+                format!("`best_of` is {b}: this server generates one completion per request (1)")
+            }),
+        ),
+        (
             "suffix",
-            "`suffix` (text after the completion) is not supported by this server: drop it".into(),
-        ));
-    }
-    if let Some(f) = &w.response_format {
-        let kind = f.get("type").and_then(Value::as_str);
-        if kind != Some("text") {
-            return Err(ApiError::invalid(
-                "response_format",
+            asks(&w.suffix, &[Value::Null, json!("")]).then(|| {
+                "`suffix` (text after the completion) is not supported by this server: drop it"
+                    .into()
+            }),
+        ),
+        (
+            "response_format",
+            format.filter(|k| *k != Some("text")).map(|k| {
                 format!(
                     "`response_format` {}: this server does not constrain its output (JSON or \
                      schema modes); drop it or pass {{\"type\": \"text\"}}",
-                    kind.map_or_else(|| "has no `type`".to_owned(), |k| format!("is `{k}`"))
-                ),
-            ));
-        }
-    }
-    if w.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid(
+                    k.map_or_else(|| "has no `type`".to_owned(), |k| format!("is `{k}`"))
+                )
+            }),
+        ),
+        (
             "tools",
-            "`tools` (function calling) is not supported by this server: drop it".into(),
-        ));
+            w.tools.as_ref().is_some_and(|t| !t.is_empty()).then(|| {
+                "`tools` (function calling) is not supported by this server: drop it".into()
+            }),
+        ),
+    ];
+    match refusals
+        .into_iter()
+        .find_map(|(field, why)| why.map(|w| (field, w)))
+    {
+        Some((field, why)) => Err(ApiError::invalid(field, why)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Most `logit_bias` entries a request may give (OpenAI's own limit).

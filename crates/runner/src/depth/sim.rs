@@ -833,14 +833,6 @@ fn dear_first_rounds_at_a_depth_do_not_condemn_the_deeper_depths() {
     // 0.85 and 0.86 of the best, 1.04-1.11 × plain. Without the first-use
     // costs: 0.99, 0.99 and 0.98.
     for jitter in [0.0, 0.1, 0.3] {
-        let sim = tiny_h100_first_uses(jitter);
-        let v = Versus::new(&sim, 3, 80, 10);
-        assert!(
-            v.ratio() >= 0.9 && v.auto >= 1.15 * v.fixed[0],
-            "auto at {:.3} of fixed depth {}, {:.3} of plain: {sim:?}",
-            v.ratio(),
-            v.best(),
-            v.auto / v.fixed[0]
-        );
+        assert_auto_against_fixed(&tiny_h100_first_uses(jitter), 0.9, 1.15);
     }
 }
