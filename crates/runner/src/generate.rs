@@ -239,7 +239,9 @@ impl Session<'_> {
 
     /// Checks a request; returns the token budget the context leaves.
     fn check(&self, prompt: &[u32], opts: &GenerateOptions) -> Result<usize> {
-        opts.sampling.validate()?;
+        let vocab = self.model().vocab_size();
+        // Bias ids too: checked here, before any forward, not at the first sampling.
+        opts.sampling.validate_for_vocab(vocab)?;
         if opts.prefill_chunk == 0 {
             return Err(Error::InvalidOption {
                 option: "prefill_chunk",
@@ -257,21 +259,11 @@ impl Session<'_> {
                 context,
             });
         }
-        let vocab = self.model().vocab_size();
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::VocabMismatch {
                 tokenizer: bad as usize + 1,
                 model: vocab,
             });
-        }
-        // Checked here, before any forward, not at the first sampling.
-        if let Some(&(token, _)) = opts
-            .sampling
-            .logit_bias
-            .iter()
-            .find(|b| b.0 as usize >= vocab)
-        {
-            return Err(sampler::Error::BiasOutsideVocabulary { token, vocab }.into());
         }
         Ok(opts.max_tokens.min(context - total))
     }

@@ -164,4 +164,20 @@ impl Options {
         }
         Ok(())
     }
+
+    /// [`Options::validate`], and every [`Options::logit_bias`] id inside a
+    /// vocabulary of `vocab` tokens: what a caller that knows the model
+    /// checks before the first forward.
+    pub fn validate_for_vocab(&self, vocab: usize) -> Result<()> {
+        self.validate()?;
+        self.check_bias_ids(vocab)
+    }
+
+    /// Every [`Options::logit_bias`] id inside a vocabulary of `vocab` tokens.
+    pub(crate) fn check_bias_ids(&self, vocab: usize) -> Result<()> {
+        match self.logit_bias.iter().find(|b| b.0 as usize >= vocab) {
+            Some(&(token, _)) => Err(Error::BiasOutsideVocabulary { token, vocab }),
+            None => Ok(()),
+        }
+    }
 }

@@ -25,21 +25,17 @@ pub(crate) fn apply(
     chain: &[u32],
 ) -> Result<Array> {
     let penalised = penalise(logits, opts, history, chain)?;
+    opts.check_bias_ids(logits.dim(1) as usize)?;
     bias(&penalised, &opts.logit_bias)
 }
 
-/// `logits` (`[R, V]` f32) plus `bias` on its token columns, every row alike.
+/// `logits` (`[R, V]` f32) plus `bias` (ids checked) on its token columns,
+/// every row alike.
 fn bias(logits: &Array, bias: &[(u32, f32)]) -> Result<Array> {
     if bias.is_empty() {
         return Ok(logits.clone());
     }
     let vocab = logits.dim(1);
-    if let Some(&(token, _)) = bias.iter().find(|b| b.0 as i64 >= vocab as i64) {
-        return Err(Error::BiasOutsideVocabulary {
-            token,
-            vocab: vocab as usize,
-        });
-    }
     let n = bias.len() as i32;
     let index: Vec<i32> = bias.iter().map(|b| b.0 as i32).collect();
     let value: Vec<f32> = bias.iter().map(|b| b.1).collect();

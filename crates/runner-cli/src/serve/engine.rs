@@ -464,15 +464,6 @@ impl Engine {
         s.frequency_penalty = p.frequency_penalty.unwrap_or(s.frequency_penalty);
         s.repeat_penalty = p.repetition_penalty.unwrap_or(s.repeat_penalty);
         if let Some(bias) = &p.logit_bias {
-            let vocab = self.tokenizers.plain.vocab_size();
-            if let Some(&(t, _)) = bias.iter().find(|b| b.0 as usize >= vocab) {
-                return Err(ApiError::invalid(
-                    "logit_bias",
-                    format!(
-                        "`logit_bias` names token {t}, outside the vocabulary of {vocab} tokens"
-                    ),
-                ));
-            }
             s.logit_bias = bias.clone();
         }
         if p.seed.is_some() {
@@ -485,7 +476,11 @@ impl Engine {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
-        if let Err(e) = o.sampling.validate() {
+        // Bias ids against the tokenizer's vocabulary, as prompt ids are.
+        if let Err(e) = o
+            .sampling
+            .validate_for_vocab(self.tokenizers.plain.vocab_size())
+        {
             let param = match &e {
                 runner::sampler::Error::InvalidOption { name, .. } => match *name {
                     "repeat_penalty" => "repetition_penalty",
