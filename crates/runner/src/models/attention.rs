@@ -56,10 +56,37 @@ impl AttentionCore {
         cache: &mut dyn Cache,
         rope: &Rope,
     ) -> Result<Array> {
-        let l = q.dim(1);
-        let offset = cache.offset();
         let norms = (self.q_norm.as_ref(), self.k_norm.as_ref());
-        let (q, k, v) = heads_kernel::heads(q, k, v, norms, rope, offset)?;
+        let heads = heads_kernel::heads(q, k, v, norms, rope, cache.offset())?;
+        self.attend_heads(heads, cache)
+    }
+
+    /// [`AttentionCore::attend`] of one fused projection `y` `[1, L,
+    /// (heads + 2·kv_heads)·D]` (q's heads, then k's, then v's) where the
+    /// fused heads kernel reads the three parts straight from it; `None`
+    /// where it does not (the caller splits `y`).
+    pub(crate) fn attend_joint(
+        &self,
+        y: &Array,
+        cache: &mut dyn Cache,
+        rope: &Rope,
+    ) -> Result<Option<Array>> {
+        let norms = (self.q_norm.as_ref(), self.k_norm.as_ref());
+        let shape = (self.heads, self.kv_heads, self.head_dim);
+        match heads_kernel::heads_joint(y, shape, norms, rope, cache.offset())? {
+            Some(heads) => Ok(Some(self.attend_heads(heads, cache)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Attention of heads-first q, k, v `[1, H, L, D]` (normed and rotated)
+    /// over the cache extended by k, v, returned as `[1, L, heads·D]`.
+    fn attend_heads(
+        &self,
+        (q, k, v): (Array, Array, Array),
+        cache: &mut dyn Cache,
+    ) -> Result<Array> {
+        let l = q.dim(2);
         // The cache picks the mask (before the update): causal aligned at the end for
         // L > 1, so a chunk at offset > 0 sees the whole prefix; none for one query.
         let mask = cache.make_mask(l as usize)?;

@@ -58,7 +58,9 @@ const KERNEL: CudaKernel<'static> = CudaKernel {
 
 /// Warp `(head, l)` of the `Hq + 2·Hkv` heads (q's, then k's, then v's) of
 /// row `l`; lane `t` holds features `t + 32e`. `q, k, v: [1, L, H, D]`
-/// through their strides; `qw`, `kw` the norm weights (`QN`, `KN` say whether
+/// through their strides, `HQ` and `HKV` heads from head `0`, `KOFF` and
+/// `VOFF` of their arrays (one fused projection viewed as `[1, L, HQ + 2·HKV,
+/// D]` can be all three); `qw`, `kw` the norm weights (`QN`, `KN` say whether
 /// they are used), `off` the cache offset, `fr` the per-pair periods when
 /// `FREQS`. Floats arrive as their bits (`*_BITS`): templates are integers.
 /// `TB` names the dtype: 1 bf16, 2 f16, 0 f32. NVRTC has no standard library.
@@ -68,8 +70,8 @@ const SOURCE: &str = r#"
   const int head = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
   const int l = blockIdx.y;
   const int L = q_shape[1];
-  const int Hq = q_shape[2];
-  const int Hkv = k_shape[2];
+  const int Hq = HQ;
+  const int Hkv = HKV;
   if (head >= Hq + 2 * Hkv) return;
   auto get = [](const auto* p, long long i) -> float {
     if constexpr (TB == 1) return __bfloat162float(p[i]);
@@ -89,7 +91,7 @@ const SOURCE: &str = r#"
   float x[EPL];
   if (head >= Hq + Hkv) {
     const int h = head - Hq - Hkv;
-    const long long base = (long long)l * v_strides[1] + (long long)h * v_strides[2];
+    const long long base = (long long)l * v_strides[1] + (long long)(h + VOFF) * v_strides[2];
     #pragma unroll
     for (int e = 0; e < EPL; ++e) {
       put(vo, ((long long)h * L + l) * D + lane + 32 * e, get(v, base + (long long)(lane + 32 * e) * v_strides[3]));
@@ -103,7 +105,7 @@ const SOURCE: &str = r#"
     #pragma unroll
     for (int e = 0; e < EPL; ++e) x[e] = get(q, base + (long long)(lane + 32 * e) * q_strides[3]);
   } else {
-    const long long base = (long long)l * k_strides[1] + (long long)h * k_strides[2];
+    const long long base = (long long)l * k_strides[1] + (long long)(h + KOFF) * k_strides[2];
     #pragma unroll
     for (int e = 0; e < EPL; ++e) x[e] = get(k, base + (long long)(lane + 32 * e) * k_strides[3]);
   }
@@ -161,6 +163,10 @@ const MAX_ROWS: i32 = crate::models::short_sdpa::MAX_ROWS;
 thread_local! {
     /// `MTP_FUSED_HEADS=0` turns the kernel off (default on, on CUDA).
     static ENABLED: crate::switch::Flag = const { Cell::new(None) };
+    /// `MTP_FUSED_QKV=0` gives the kernel the three parts of a fused q/k/v
+    /// projection as sliced views (the path before [`heads_joint`]), for
+    /// measurement.
+    static JOINT: crate::switch::Flag = const { Cell::new(None) };
 }
 
 /// Turns the fused heads kernel on or off for this thread's later forwards
@@ -252,6 +258,70 @@ fn kernel(
     rope: &Rope,
     offset: usize,
 ) -> Result<Option<(Array, Array, Array)>> {
+    let rank4 = |a: &Array| a.ndim() == 4 && a.dim(0) == 1;
+    if !(rank4(q) && rank4(k) && rank4(v) && k.dim(2) == v.dim(2)) {
+        return Ok(None);
+    }
+    let heads = Heads {
+        q: q.dim(2),
+        kv: k.dim(2),
+        k_from: 0,
+        v_from: 0,
+    };
+    launch([q, k, v], heads, norms, rope, offset)
+}
+
+/// [`heads`] of one fused q/k/v projection `y: [1, L, (hq + 2·hkv)·D]` (q's
+/// heads, then k's, then v's) through the kernel, which reads all three from
+/// it: none of the three slices and three reshapes the parts would cost
+/// (five graph nodes a layer more for the host to build and MLX to encode;
+/// 140 of a 1.7b verify's). `None` where the kernel does not take them: the
+/// caller splits `y` and goes through [`heads`].
+pub(crate) fn heads_joint(
+    y: &Array,
+    (hq, hkv, d): (i32, i32, i32),
+    norms: (Option<&RmsNorm>, Option<&RmsNorm>),
+    rope: &Rope,
+    offset: usize,
+) -> Result<Option<(Array, Array, Array)>> {
+    if y.ndim() != 3 || y.dim(0) != 1 || y.dim(2) != (hq + 2 * hkv) * d || !takes(y.dim(1), d) {
+        return Ok(None);
+    }
+    if !crate::models::sdpa::on_cuda()
+        || !crate::switch::get(&ENABLED, "MTP_FUSED_HEADS", true)
+        || !crate::switch::get(&JOINT, "MTP_FUSED_QKV", true)
+    {
+        return Ok(None);
+    }
+    let y = y.reshape(&[1, y.dim(1), hq + 2 * hkv, d])?;
+    let heads = Heads {
+        q: hq,
+        kv: hkv,
+        k_from: hq,
+        v_from: hq + hkv,
+    };
+    launch([&y, &y, &y], heads, norms, rope, offset)
+}
+
+/// Which heads of the kernel's q, k and v inputs it takes: `q` of q's from
+/// head 0, `kv` of k's from `k_from` and of v's from `v_from`.
+#[derive(Debug, Clone, Copy)]
+struct Heads {
+    q: i32,
+    kv: i32,
+    k_from: i32,
+    v_from: i32,
+}
+
+/// The kernel over q, k, v `[1, L, H, D]` (read through their strides) and
+/// the heads `h` of them, or `None` where it does not take them.
+fn launch(
+    [q, k, v]: [&Array; 3],
+    h: Heads,
+    norms: (Option<&RmsNorm>, Option<&RmsNorm>),
+    rope: &Rope,
+    offset: usize,
+) -> Result<Option<(Array, Array, Array)>> {
     let dtype = q.dtype();
     let Some(tb) = dtype_code(dtype) else {
         return Ok(None);
@@ -264,7 +334,13 @@ fn kernel(
         && rank4(v)
         && k.dim(1) == q.dim(1)
         && v.dim(1) == q.dim(1)
-        && k.dim(2) == v.dim(2)
+        && h.q > 0
+        && h.kv > 0
+        && h.q <= q.dim(2)
+        && h.k_from >= 0
+        && h.v_from >= 0
+        && h.k_from + h.kv <= k.dim(2)
+        && h.v_from + h.kv <= v.dim(2)
         && rope.whole_head(d)
         && i32::try_from(offset + q.dim(1) as usize).is_ok();
     if !fits
@@ -276,7 +352,7 @@ fn kernel(
     let (Some(qn), Some(kn)) = (norm_weight(norms.0, dtype), norm_weight(norms.1, dtype)) else {
         return Ok(None);
     };
-    let (l, hq, hkv) = (q.dim(1), q.dim(2), k.dim(2));
+    let (l, hq, hkv) = (q.dim(1), h.q, h.kv);
     // An input the kernel does not read (its template says so) is given an
     // array of a type its unused code still compiles for: q, or the offset.
     let (qw, q_eps) = qn.unwrap_or((q, 0.0));
@@ -299,6 +375,10 @@ fn kernel(
         ("EPS_BITS", eps.to_bits() as i32),
         ("SCALE_BITS", scale.to_bits() as i32),
         ("LOG2BASE_BITS", log2_base.to_bits() as i32),
+        ("HQ", hq),
+        ("HKV", hkv),
+        ("KOFF", h.k_from),
+        ("VOFF", h.v_from),
     ];
     let launch = CudaLaunch {
         outputs: &[
@@ -331,7 +411,8 @@ const SELF_CHECK_CASES: [(i32, i32, bool); 5] = [
 /// The kernel against the ops path on this device: random q/k/v sliced from
 /// one fused projection (so strided, as in a model), q/k norms with random
 /// weights, RoPE at offset 1,000 plain and with a period table, over head
-/// widths 32, 64, 128 and 2 to 16 rows. Returns the worst
+/// widths 32, 64, 128 and 2 to 16 rows, each given as the three parts and
+/// as the fused projection itself ([`heads_joint`]). Returns the worst
 /// `max |kernel − ops| ÷ max |ops|` per dtype (f32, then bf16), infinite
 /// for a case the kernel refused; `None` where it does not run (no CUDA, or
 /// `MTP_FUSED_HEADS=0`).
@@ -382,6 +463,19 @@ pub(crate) fn self_check() -> Result<Option<(f32, f32)>> {
             let (wq, wk, wv) = by_ops(&q, &k, &v, norms, &rope, offset)?;
             let want = [wq, wk, wv];
             for (got, want) in [qo, ko, vo].iter().zip(&want) {
+                worst[slot] = worst[slot].max(super::kernel_check::rel_err(got, want)?);
+            }
+            // The same heads read straight from the fused projection.
+            let joint = if crate::switch::get(&JOINT, "MTP_FUSED_QKV", true) {
+                heads_joint(&fused, (hq, hkv, d), norms, &rope, offset)?
+            } else {
+                Some(by_ops(&q, &k, &v, norms, &rope, offset)?)
+            };
+            let Some((jq, jk, jv)) = joint else {
+                worst[slot] = f32::INFINITY;
+                continue;
+            };
+            for (got, want) in [jq, jk, jv].iter().zip(&want) {
                 worst[slot] = worst[slot].max(super::kernel_check::rel_err(got, want)?);
             }
         }

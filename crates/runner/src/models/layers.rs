@@ -286,15 +286,14 @@ impl Linear {
             {
                 mlx_tensor::ops::rows_matmul_t(x, w)?
             }
-            _ if let Some((w, rows, on)) = few => {
+            // The CUDA kernel reads `x` as its rows whatever the leading axes
+            // and writes `[..., out]` (no reshape nodes either).
+            _ if let Some((w, _, RowsKernel::Cuda)) = few => skinny::matmul_t(x, w)?,
+            _ if let Some((w, rows, RowsKernel::Cpu)) = few => {
                 let mut shape = x.shape().to_vec();
                 *shape.last_mut().expect("rank ≥ 1") = w.dim(0);
-                let x = x.reshape(&[rows, x.dim(-1)])?;
-                match on {
-                    RowsKernel::Cpu => mlx_tensor::ops::rows_matmul_t(&x, w)?,
-                    RowsKernel::Cuda => skinny::matmul_t(&x, w)?,
-                }
-                .reshape(&shape)?
+                mlx_tensor::ops::rows_matmul_t(&x.reshape(&[rows, x.dim(-1)])?, w)?
+                    .reshape(&shape)?
             }
             Kernel::Dense {
                 batched: Some(b), ..
@@ -551,20 +550,23 @@ impl FusedLinear {
 
     /// Each part applied to `x` `[..., in]`, in order.
     pub(crate) fn forward(&self, x: &Array) -> Result<Vec<Array>> {
+        match self.joint_product(x)? {
+            Some((y, widths)) => split_widths(&y, widths),
+            None => match self {
+                FusedLinear::Separate(parts) => parts.iter().map(|p| p.forward(x)).collect(),
+                FusedLinear::Joint { .. } => unreachable!("a joint layer has a joint product"),
+            },
+        }
+    }
+
+    /// The stacked product `[..., Σ widths]` of `x` and the parts' widths
+    /// when the parts are stacked (their outputs side by side, in order;
+    /// [`split_widths`] cuts it into them); `None` for parts that could not
+    /// be.
+    pub(crate) fn joint_product(&self, x: &Array) -> Result<Option<(Array, &[i32])>> {
         match self {
-            FusedLinear::Joint { linear, widths } => {
-                let y = linear.forward(x)?;
-                let mut lo = 0;
-                widths
-                    .iter()
-                    .map(|w| {
-                        let part = y.slice_axis(-1, lo, lo + w)?;
-                        lo += w;
-                        Ok(part)
-                    })
-                    .collect()
-            }
-            FusedLinear::Separate(parts) => parts.iter().map(|p| p.forward(x)).collect(),
+            FusedLinear::Joint { linear, widths } => Ok(Some((linear.forward(x)?, widths))),
+            FusedLinear::Separate(_) => Ok(None),
         }
     }
 
@@ -602,6 +604,19 @@ impl FusedLinear {
             FusedLinear::Separate(parts) => parts.iter().flat_map(|p| p.arrays()).collect(),
         }
     }
+}
+
+/// `y` `[..., Σ widths]` cut along its last axis into parts of `widths`, in order.
+pub(crate) fn split_widths(y: &Array, widths: &[i32]) -> Result<Vec<Array>> {
+    let mut lo = 0;
+    widths
+        .iter()
+        .map(|w| {
+            let part = y.slice_axis(-1, lo, lo + w)?;
+            lo += w;
+            Ok(part)
+        })
+        .collect()
 }
 
 /// The SwiGLU MLP: `down(silu(gate(x)) * up(x))`, the gate and up

@@ -250,7 +250,17 @@ struct Attention {
 impl Attention {
     fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
         let c = &self.core;
-        let [q, k, v]: [Array; 3] = self.qkv.forward(x)?.try_into().expect("three projections");
+        let parts = match self.qkv.joint_product(x)? {
+            Some((y, widths)) => {
+                // The fused heads kernel reads q, k and v straight from `y`.
+                if let Some(o) = c.attend_joint(&y, cache, rope)? {
+                    return self.o.forward(&o);
+                }
+                crate::models::layers::split_widths(&y, widths)?
+            }
+            None => self.qkv.forward(x)?,
+        };
+        let [q, k, v]: [Array; 3] = parts.try_into().expect("three projections");
         let q = c.split(&q, c.heads)?;
         let k = c.split(&k, c.kv_heads)?;
         let v = c.split(&v, c.kv_heads)?;
