@@ -167,6 +167,9 @@ thread_local! {
     /// projection as sliced views (the path before [`heads_joint`]), for
     /// measurement.
     static JOINT: crate::switch::Flag = const { Cell::new(None) };
+    /// `MTP_FUSED_HEADS_ONE=1` also gives the kernel one-row forwards (a
+    /// plain step, a draft step), for measurement.
+    static ONE_ROW: crate::switch::Flag = const { Cell::new(None) };
 }
 
 /// Turns the fused heads kernel on or off for this thread's later forwards
@@ -179,8 +182,12 @@ pub fn set_fused_heads(on: bool) {
 /// features `t + 32e`, so both features of every RoPE pair (`i`, `i + d/2`)
 /// are in one lane when `d` is a multiple of 64, and in partner lanes `t`,
 /// `t + 16` when `d` is 32; any other width would pair the wrong features.
+/// One row only with `MTP_FUSED_HEADS_ONE=1` (see the module's doc for why
+/// not by default).
 fn takes(rows: i32, d: i32) -> bool {
-    (2..=MAX_ROWS).contains(&rows) && (d == 32 || (d % 64 == 0 && (64..=256).contains(&d)))
+    let rows_ok = (2..=MAX_ROWS).contains(&rows)
+        || (rows == 1 && crate::switch::get(&ONE_ROW, "MTP_FUSED_HEADS_ONE", false));
+    rows_ok && (d == 32 || (d % 64 == 0 && (64..=256).contains(&d)))
 }
 
 /// The template code of a dtype the kernel computes in.
