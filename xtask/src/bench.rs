@@ -468,6 +468,10 @@ fn quantized_copy(src: &str, name: &str, bits: u32) -> Result<PathBuf> {
     let dir = cmd::root().join("target/bench").join(name);
     if !dir.join("config.json").is_file() {
         let _ = std::fs::remove_dir_all(&dir);
+        // `quantize` refuses an `--out` whose parent is missing (a fresh clone has no target/bench).
+        let parent = dir.parent().context("target/bench has a parent")?;
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
         let q: Vec<String> = vec![
             "quantize".into(),
             "--model".into(),

@@ -93,6 +93,9 @@ ArrPtr gather_mm(const Arr& a, const Arr& b, bool has_lhs, const Arr& lhs, bool 
                  bool sorted);
 // `x @ w.T` for 1-8 rows on the CPU (cpp/rows_cpu.cc).
 ArrPtr rows_matmul_t(const Arr& x, const Arr& w);
+// `x @ w.T` for 1-8 rows and a 4- or 8-bit affine-quantized w on the CPU (cpp/rows_cpu.cc).
+ArrPtr quant_rows_matmul_t(const Arr& x, const Arr& w, const Arr& scales, const Arr& biases, int32_t group_size,
+                           int32_t bits);
 // Lets (or stops) rows_matmul_t's blocks use AVX-512VL's 32 registers;
 // whether they now do.
 bool rows_cpu_set_wide(bool on);

@@ -156,6 +156,14 @@ pub(crate) mod sys {
             bits: i32,
         ) -> Result<UniquePtr<Arr>>;
         fn rows_matmul_t(x: &Arr, w: &Arr) -> Result<UniquePtr<Arr>>;
+        fn quant_rows_matmul_t(
+            x: &Arr,
+            w: &Arr,
+            scales: &Arr,
+            biases: &Arr,
+            group_size: i32,
+            bits: i32,
+        ) -> Result<UniquePtr<Arr>>;
         fn rows_cpu_set_wide(on: bool) -> bool;
         fn attention_rows_cpu(
             q: &Arr,

@@ -473,6 +473,39 @@ pub fn rows_matmul_t(x: &Array, w: &Array) -> Result<Array> {
     check(sys::rows_matmul_t(x.raw(), w.raw())).map(Array::wrap)
 }
 
+/// [`rows_matmul_t`] for an affine-quantized weight in MLX's layout (what
+/// [`quantized_matmul`] takes with `transpose`): `w` `[n, k · bits / 32]`
+/// uint32 codes, `scales` and `biases` `[n, k / group_size]` in `x`'s dtype;
+/// 4 or 8 bits, groups of 32, 64 or 128; 1 to [`ROWS_MATMUL_MAX_ROWS`] rows,
+/// on the CPU.
+///
+/// Our own MLX primitive (`cpp/rows_cpu.cc`): it dequantizes each block of
+/// weight rows once into f32 and multiplies it into every input row, where
+/// MLX's CPU `quantized_matmul` runs each row through the whole weight on
+/// its own (a speculative verify of `k + 1` rows then costs `k + 1` steps).
+/// Accumulation is f32 in a fixed order per output element, so row `i` of a
+/// 5-row product equals the 1-row product of `x[i]` bit for bit; against
+/// MLX's product it differs by summation order.
+#[track_caller]
+pub fn quant_rows_matmul_t(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    check(sys::quant_rows_matmul_t(
+        x.raw(),
+        w.raw(),
+        scales.raw(),
+        biases.raw(),
+        group_size,
+        bits,
+    ))
+    .map(Array::wrap)
+}
+
 /// Lets [`rows_matmul_t`] use AVX-512VL where the CPU has it (the default,
 /// unless the environment sets `MTP_ROWS_CPU_AVX512=0`), or stops it; returns
 /// whether it now does. The arithmetic is the same 8-lane AVX2 arithmetic

@@ -125,7 +125,7 @@ pub use models::skinny::{
     set_rows_kernel_one_row,
 };
 pub use prefix::{PrefixCache, Reuse, ReuseSource};
-pub use quant::QuantParams;
+pub use quant::{QuantParams, set_cpu_quant_rows};
 pub use quantize::{QuantizeOptions, QuantizeReport, quantize_folder, quantize_folder_cancellable};
 /// The sampler crate, re-exported for callers that build options.
 pub use sampler;

@@ -210,8 +210,20 @@ impl QuantizedTensor {
         })
     }
 
-    /// `x @ W.T` for `x` of shape `[..., in]`, without materialising `W`.
+    /// `x @ W.T` for `x` of shape `[..., in]`, without materialising `W`:
+    /// on the CPU for 1 to 8 rows of 4- or 8-bit codes, our few-rows kernel
+    /// (see [`cpu_rows_take`]), else MLX's `quantized_matmul`.
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
+        if cpu_rows_take(x, self) {
+            return Ok(ops::quant_rows_matmul_t(
+                x,
+                &self.weight,
+                &self.scales,
+                &self.biases,
+                self.params.group_size as i32,
+                self.params.bits as i32,
+            )?);
+        }
         Ok(ops::quantized_matmul(
             x,
             &self.weight,
@@ -253,4 +265,44 @@ impl QuantizedTensor {
             self.biases.clone(),
         ]
     }
+}
+
+thread_local! {
+    /// `MTP_CPU_QROWS=0` turns the quantized few-rows CPU kernel off (default on).
+    static CPU_QROWS: crate::switch::Flag = const { std::cell::Cell::new(None) };
+}
+
+/// Turns the quantized few-rows CPU kernel on or off for this thread's later
+/// products (default on, unless `MTP_CPU_QROWS=0`): for measurement.
+pub fn set_cpu_quant_rows(on: bool) {
+    crate::switch::set(&CPU_QROWS, on);
+}
+
+/// Whether `x @ q.W.T` goes to [`ops::quant_rows_matmul_t`]: on a CPU
+/// default device, 1 to [`ops::ROWS_MATMUL_MAX_ROWS`] rows of `x` (a plain
+/// step, a verify, a draft step), 4 or 8 bits in groups of 32, 64 or 128,
+/// scales in `x`'s float dtype.
+///
+/// Why: MLX's CPU `quantized_matmul` runs each row of `x` through the whole
+/// weight on its own (1 / 2 / 4 / 8 rows of a 1,024² 8-bit weight: 1.2 /
+/// 2.3 / 4.7 / 8.5 ms on the 2-core x86-64 host), so a verify of k + 1 rows
+/// cost k + 1 plain steps and an MTP flush of a plain stretch as many steps
+/// again: auto speculation ran at 0.61 (8-bit) and 0.73 (4-bit) of plain
+/// decoding on tiny-mtp (`cargo xtask bench`, session 27). The kernel
+/// dequantizes each block of weight rows once for all rows.
+fn cpu_rows_take(x: &Array, q: &QuantizedTensor) -> bool {
+    use mlx_tensor::Dtype;
+    let k = x.dim(-1);
+    if x.ndim() < 2 || k <= 0 || mlx_tensor::default_device() != mlx_tensor::Device::Cpu {
+        return false;
+    }
+    let rows = x.size() / k as usize;
+    (1..=ops::ROWS_MATMUL_MAX_ROWS as usize).contains(&rows)
+        && matches!(q.params.bits, 4 | 8)
+        && matches!(q.params.group_size, 32 | 64 | 128)
+        && matches!(x.dtype(), Dtype::Float32 | Dtype::Bfloat16 | Dtype::Float16)
+        && q.scales.dtype() == x.dtype()
+        && q.biases.dtype() == x.dtype()
+        && q.weight.ndim() == 2
+        && crate::switch::get(&CPU_QROWS, "MTP_CPU_QROWS", true)
 }

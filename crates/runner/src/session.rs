@@ -461,3 +461,57 @@ impl AtRest {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DepthPolicy, GenerateOptions};
+
+    /// A session emptied by `rewind_to(0)` (what `serve --no-prefix-reuse`
+    /// does between requests) generates what a fresh session does, on the
+    /// hybrid model whose recurrent layers restart from fresh caches, and
+    /// keeps what the auto depth controller learned, so the next request
+    /// does not seed its depth again.
+    #[test]
+    fn an_emptied_session_equals_a_fresh_one_and_keeps_its_depth_memory() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-hybrid-mtp");
+        let m = crate::load(&dir, crate::LoadOptions::default(), |_, _| {}).unwrap();
+        let model = m.model.as_ref();
+        let opts = GenerateOptions {
+            max_tokens: 24,
+            depth: DepthPolicy::default(),
+            // Greedy: a sampled run's draws depend on the depths chosen.
+            sampling: sampler::Options {
+                temperature: 0.0,
+                ..sampler::Options::default()
+            },
+            ..GenerateOptions::default()
+        };
+        let cancel = AtomicBool::new(false);
+        let first = m.tokenizer.encode("Once upon a time", true).unwrap();
+        let second = m.tokenizer.encode("The little dog", true).unwrap();
+        let run = |s: &mut Session<'_>, p: &[u32]| {
+            s.generate(&m.tokenizer, p, &opts, &cancel, |_| {})
+                .unwrap()
+                .token_ids
+        };
+
+        let mut reused = Session::with_mtp(model).unwrap();
+        run(&mut reused, &first);
+        assert!(
+            reused.depth_memory.is_some(),
+            "an auto request leaves what it learned"
+        );
+        reused.rewind_to(0).unwrap();
+        assert!(reused.committed().is_empty());
+        assert!(
+            reused.depth_memory.is_some(),
+            "emptying keeps the depth memory"
+        );
+        let got = run(&mut reused, &second);
+        let want = run(&mut Session::with_mtp(model).unwrap(), &second);
+        assert_eq!(got, want);
+        assert!(!got.is_empty());
+    }
+}

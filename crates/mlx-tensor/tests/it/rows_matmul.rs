@@ -181,3 +181,70 @@ fn rows_matmul_refuses_what_it_cannot_compute() {
     let xb = x(2, 32).as_type(Dtype::Bfloat16).unwrap();
     assert!(err(ops::rows_matmul_t(&xb, &w)).contains("one dtype"));
 }
+
+/// `ops::quant_rows_matmul_t` against an f64 product with MLX's own
+/// dequantized weight, 4 and 8 bits, groups of 32, 64 and 128, f32 and
+/// bf16, 1-8 rows, one thread and all; and row `r` of a several-row product
+/// equals the one-row product of `x[r]` bit for bit (a verify row is the
+/// plain step's product).
+#[test]
+fn quantized_rows_match_the_dequantized_weight_and_themselves() {
+    for (dtype, rel) in [(Dtype::Float32, 2e-6_f32), (Dtype::Bfloat16, 1.2e-2)] {
+        for (n, k) in [(40, 128), (1100, 256)] {
+            let dense = arr(&host_noise(4, n * k), &[n as i32, k as i32])
+                .as_type(dtype)
+                .unwrap();
+            for bits in [4, 8] {
+                for group in [32, 64, 128] {
+                    let (w, s, b) = dense.quantize(group, bits).unwrap();
+                    let wv = values(&ops::dequantize(&w, &s, &b, group, bits).unwrap());
+                    let (x8, xv8) = rounded(&host_noise(5, 8 * k), &[8, k as i32], dtype);
+                    let all = ops::quant_rows_matmul_t(&x8, &w, &s, &b, group, bits).unwrap();
+                    assert_eq!(all.dtype(), dtype);
+                    assert_eq!(all.shape().as_slice(), &[8, n as i32]);
+                    let all = values(&all);
+                    let case = format!("{dtype:?} {bits}-bit group {group} [8, {k}] x [{n}, {k}]");
+                    let want: Vec<f32> = reference(&xv8, &wv, 8, n, k)
+                        .iter()
+                        .map(|&v| v as f32)
+                        .collect();
+                    assert_close(&case, &all, &want, rel * (k as f32).sqrt());
+                    for rows in [1, 2, 5] {
+                        for r0 in [0, 8 - rows] {
+                            let x = x8.slice_axis(0, r0, r0 + rows).unwrap();
+                            let some = values(
+                                &ops::quant_rows_matmul_t(&x, &w, &s, &b, group, bits).unwrap(),
+                            );
+                            let at = r0 as usize * n;
+                            assert_eq!(
+                                some[..],
+                                all[at..at + rows as usize * n],
+                                "{case}: rows {r0}..{} alone",
+                                r0 + rows
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What the quantized kernel does not take is an error naming it, never a
+/// wrong product: other bit widths and group sizes, more than eight rows,
+/// a weight that does not match `x`.
+#[test]
+fn quantized_rows_refuse_what_they_do_not_take() {
+    let (n, k) = (16, 128);
+    let dense = arr(&host_noise(6, n * k), &[n as i32, k as i32]);
+    let x = arr(&host_noise(7, k), &[1, k as i32]);
+    let (w, s, b) = dense.quantize(64, 4).unwrap();
+    let err = |r: mlx_tensor::Result<Array>| format!("{}", r.err().expect("an error"));
+    let (w2, s2, b2) = dense.quantize(64, 2).unwrap();
+    assert!(err(ops::quant_rows_matmul_t(&x, &w2, &s2, &b2, 64, 2)).contains("4- or 8-bit"));
+    assert!(err(ops::quant_rows_matmul_t(&x, &w, &s, &b, 32, 4)).contains("does not match"));
+    let x9 = arr(&host_noise(8, 9 * k), &[9, k as i32]);
+    assert!(err(ops::quant_rows_matmul_t(&x9, &w, &s, &b, 64, 4)).contains("1 to 8 rows"));
+    let short = arr(&host_noise(9, 64), &[1, 64]);
+    assert!(err(ops::quant_rows_matmul_t(&short, &w, &s, &b, 64, 4)).contains("does not match"));
+}

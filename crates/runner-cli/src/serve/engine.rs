@@ -668,7 +668,10 @@ impl<'m> Worker<'m> {
         let cached = if self.config.prefix_reuse {
             self.cache.prepare(&mut self.session, &p.prompt)?.tokens
         } else {
-            self.session = crate::open_session(&self.config.decode, self.model, self.draft)?;
+            // Empty caches, as a fresh session has, but the same session: what
+            // the auto depth controller learned (this machine's round costs)
+            // carries over, so each request does not seed its depth again.
+            self.session.rewind_to(0).context("emptying the session")?;
             0
         };
         let events = &job.events;
