@@ -239,7 +239,7 @@ fn quantized_rows_refuse_what_they_do_not_take() {
     let dense = arr(&host_noise(6, n * k), &[n as i32, k as i32]);
     let x = arr(&host_noise(7, k), &[1, k as i32]);
     let (w, s, b) = dense.quantize(64, 4).unwrap();
-    let err = |r: mlx_tensor::Result<Array>| format!("{}", r.err().expect("an error"));
+    let err = |r: mlx_tensor::Result<Array>| format!("{}", r.expect_err("an error"));
     let (w2, s2, b2) = dense.quantize(64, 2).unwrap();
     assert!(err(ops::quant_rows_matmul_t(&x, &w2, &s2, &b2, 64, 2)).contains("4- or 8-bit"));
     assert!(err(ops::quant_rows_matmul_t(&x, &w, &s, &b, 32, 4)).contains("does not match"));
