@@ -588,7 +588,11 @@ void quant_rows_matmul_t(const T* xp, const std::vector<int64_t>& x_rows, int64_
   const int per_task = tasks == 1 ? n : kTaskFeatures;
   Pool::get().run(tasks, [&](int t) {
     const int n0 = t * per_task, n1 = std::min(n, n0 + per_task);
-    std::vector<float> block(static_cast<size_t>(kQuantBlock) * k);
+    // One buffer per thread, kept across tasks and calls: a fresh one per
+    // task would be a large allocation (and its page faults) every 64
+    // features of a vocabulary-sized unembedding.
+    thread_local std::vector<float> block;
+    block.resize(static_cast<size_t>(kQuantBlock) * k);
     for (int j0 = n0; j0 < n1; j0 += kQuantBlock) {
       const int j1 = std::min(n1, j0 + kQuantBlock);
       dequant_rows(w, ws, scales, ss, biases, bs, j0, j1, k, group, bits, block.data());
