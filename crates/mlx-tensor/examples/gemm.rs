@@ -198,6 +198,21 @@ fn main() -> Result<()> {
             };
             ws.push((w, w_rows));
         }
+        // The `[n, k]` weights quantized (group 64) at 8 and 4 bits, for the
+        // quantized cases on the CPU: `qrows-N` (`ops::quant_rows_matmul_t`)
+        // against `qmm-N` (MLX's `quantized_matmul`).
+        let mut qs: Vec<(i32, Vec<(Array, Array, Array)>)> = Vec::new();
+        if ws[0].1.is_some() {
+            for bits in [8, 4] {
+                let mut v = Vec::with_capacity(ws.len());
+                for (_, w_rows) in &ws {
+                    let (q, s, b) = w_rows.as_ref().expect("CPU").quantize(64, bits)?;
+                    mlx_tensor::eval(&[q.clone(), s.clone(), b.clone()])?;
+                    v.push((q, s, b));
+                }
+                qs.push((bits, v));
+            }
+        }
         for &m in &o.ms {
             let x = random::normal(&[m, o.k], Dtype::Float32, &random::key(m as u64)?)?
                 .as_type(dtype)?;
@@ -230,6 +245,36 @@ fn main() -> Result<()> {
                     o.weights
                 );
                 let _ = writeln!(out, "{line}");
+            }
+            for (bits, q) in &qs {
+                for kernel in ["qrows", "qmm"] {
+                    if kernel == "qrows" && !rows_kernel {
+                        continue;
+                    }
+                    let product = || -> Result<()> {
+                        let outs = q
+                            .iter()
+                            .map(|(w, s, b)| match kernel {
+                                "qrows" => {
+                                    mlx_tensor::ops::quant_rows_matmul_t(&x, w, s, b, 64, *bits)
+                                }
+                                _ => {
+                                    mlx_tensor::ops::quantized_matmul(&x, w, s, b, true, 64, *bits)
+                                }
+                            })
+                            .collect::<Result<Vec<_>>>()?;
+                        mlx_tensor::eval(&outs)
+                    };
+                    let us = median_us(o.rounds, product)?;
+                    let line = format!(
+                        r#"{{"bench":"gemm","kernel":"{kernel}-{bits}","dtype":"{}","m":{m},"k":{},"n":{},"weights":{},"us":{us:.1}}}"#,
+                        name(dtype),
+                        o.k,
+                        o.n,
+                        o.weights
+                    );
+                    let _ = writeln!(out, "{line}");
+                }
             }
         }
     }
