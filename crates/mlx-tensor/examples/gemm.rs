@@ -23,6 +23,9 @@ use std::time::Instant;
 
 use mlx_tensor::{Array, Dtype, Result, random};
 
+/// A quantized weight: codes, scales, biases.
+type Packed = (Array, Array, Array);
+
 struct Options {
     rounds: usize,
     k: i32,
@@ -201,7 +204,7 @@ fn main() -> Result<()> {
         // The `[n, k]` weights quantized (group 64) at 8 and 4 bits, for the
         // quantized cases on the CPU: `qrows-N` (`ops::quant_rows_matmul_t`)
         // against `qmm-N` (MLX's `quantized_matmul`).
-        let mut qs: Vec<(i32, Vec<(Array, Array, Array)>)> = Vec::new();
+        let mut qs: Vec<(i32, Vec<Packed>)> = Vec::new();
         if ws[0].1.is_some() {
             for bits in [8, 4] {
                 let mut v = Vec::with_capacity(ws.len());
