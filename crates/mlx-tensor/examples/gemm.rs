@@ -167,6 +167,17 @@ fn attention(o: &Options, keys: i32, out: &mut impl Write) -> Result<()> {
     Ok(())
 }
 
+/// One result line of a product case.
+fn gemm_line(o: &Options, kernel: &str, dtype: Dtype, m: i32, us: f64) -> String {
+    format!(
+        r#"{{"bench":"gemm","kernel":"{kernel}","dtype":"{}","m":{m},"k":{},"n":{},"weights":{},"us":{us:.1}}}"#,
+        name(dtype),
+        o.k,
+        o.n,
+        o.weights
+    )
+}
+
 fn main() -> Result<()> {
     let o = match parse() {
         Ok(o) => o,
@@ -240,14 +251,7 @@ fn main() -> Result<()> {
                     mlx_tensor::eval(&outs)
                 };
                 let us = median_us(o.rounds, product)?;
-                let line = format!(
-                    r#"{{"bench":"gemm","kernel":"{kernel}","dtype":"{}","m":{m},"k":{},"n":{},"weights":{},"us":{us:.1}}}"#,
-                    name(dtype),
-                    o.k,
-                    o.n,
-                    o.weights
-                );
-                let _ = writeln!(out, "{line}");
+                let _ = writeln!(out, "{}", gemm_line(&o, kernel, dtype, m, us));
             }
             for (bits, q) in &qs {
                 for kernel in ["qrows", "qmm"] {
@@ -269,14 +273,8 @@ fn main() -> Result<()> {
                         mlx_tensor::eval(&outs)
                     };
                     let us = median_us(o.rounds, product)?;
-                    let line = format!(
-                        r#"{{"bench":"gemm","kernel":"{kernel}-{bits}","dtype":"{}","m":{m},"k":{},"n":{},"weights":{},"us":{us:.1}}}"#,
-                        name(dtype),
-                        o.k,
-                        o.n,
-                        o.weights
-                    );
-                    let _ = writeln!(out, "{line}");
+                    let kernel = format!("{kernel}-{bits}");
+                    let _ = writeln!(out, "{}", gemm_line(&o, &kernel, dtype, m, us));
                 }
             }
         }
