@@ -412,20 +412,16 @@ void dense_copy(const T* src, int rows, int cols, int64_t s0, int64_t s1, D* dst
 }
 
 
-// The whole product for element type `T`: inputs as MLX hands them to a
-// primitive (any strides), output dense `[rows, n]`.
-template <typename T>
-void rows_matmul_t(const T* xp, const std::vector<int64_t>& x_rows, int64_t x_col, const T* wp,
-                   std::array<int64_t, 2> ws, T* op, int rows, int n, int k) {
+// The frame of a few-rows product for element type `T`: `x`'s rows (any
+// strides) widened to a dense f32 copy, the `n` output features split into
+// tasks over the pool, each running `body(x, n0, n1, out)` to write the f32
+// products of features `n0..n1` into `out` `[rows, n]`, then the products
+// rounded into `op` (an f32 output is written in place).
+template <typename T, typename Body>
+void rows_product(const T* xp, const std::vector<int64_t>& x_rows, int64_t x_col, T* op, int rows, int n, int k,
+                  Body&& body) {
   std::vector<float> x(static_cast<size_t>(rows) * k);
   for (int r = 0; r < rows; ++r) dense_copy(xp + x_rows[r], 1, k, 0, x_col, x.data() + static_cast<size_t>(r) * k);
-  std::vector<T> w_dense;
-  const T* w = wp;
-  if (!(ws[1] == 1 && ws[0] == k)) {
-    w_dense.resize(static_cast<size_t>(n) * k);
-    dense_copy(wp, n, k, ws[0], ws[1], w_dense.data());
-    w = w_dense.data();
-  }
   std::vector<float> acc;
   float* out;
   if constexpr (std::is_same_v<T, float>) {
@@ -438,13 +434,29 @@ void rows_matmul_t(const T* xp, const std::vector<int64_t>& x_rows, int64_t x_co
   const int tasks = elements < kParallelElements ? 1 : (n + kTaskFeatures - 1) / kTaskFeatures;
   const int per_task = tasks == 1 ? n : kTaskFeatures;
   Pool::get().run(tasks, [&](int t) {
-    int n0 = t * per_task;
-    int n1 = std::min(n, n0 + per_task);
-    features(x.data(), rows, k, w, n0, n1, out, n);
+    const int n0 = t * per_task, n1 = std::min(n, n0 + per_task);
+    body(x.data(), n0, n1, out);
   });
   if constexpr (!std::is_same_v<T, float>) {
     for (size_t i = 0; i < acc.size(); ++i) narrow(acc[i], op + i);
   }
+}
+
+// The whole product for element type `T`: inputs as MLX hands them to a
+// primitive (any strides), output dense `[rows, n]`.
+template <typename T>
+void rows_matmul_t(const T* xp, const std::vector<int64_t>& x_rows, int64_t x_col, const T* wp,
+                   std::array<int64_t, 2> ws, T* op, int rows, int n, int k) {
+  std::vector<T> w_dense;
+  const T* w = wp;
+  if (!(ws[1] == 1 && ws[0] == k)) {
+    w_dense.resize(static_cast<size_t>(n) * k);
+    dense_copy(wp, n, k, ws[0], ws[1], w_dense.data());
+    w = w_dense.data();
+  }
+  rows_product(xp, x_rows, x_col, op, rows, n, k, [&](const float* x, int n0, int n1, float* out) {
+    features(x, rows, k, w, n0, n1, out, n);
+  });
 }
 
 class RowsMatmulT : public CpuPrimitive {
@@ -557,12 +569,6 @@ inline __attribute__((always_inline)) void dequant_rows_path(const uint32_t* w, 
   }
 }
 
-template <int BITS, int GROUP, typename T>
-void dequant_rows_portable(const uint32_t* w, Strides2 ws, const T* scales, Strides2 ss, const T* biases, Strides2 bs,
-                           int j0, int j1, int k, float* out) {
-  dequant_rows_path<BITS, GROUP>(w, ws, scales, ss, biases, bs, j0, j1, k, out);
-}
-
 #ifdef MTP_X86
 template <int BITS, int GROUP, typename T>
 __attribute__((target("avx2,fma,f16c"))) void dequant_rows_avx2(const uint32_t* w, Strides2 ws, const T* scales,
@@ -578,7 +584,7 @@ void dequant_rows_for(const uint32_t* w, Strides2 ws, const T* scales, Strides2 
 #ifdef MTP_X86
   if (has_avx2()) return dequant_rows_avx2<BITS, GROUP>(w, ws, scales, ss, biases, bs, j0, j1, k, out);
 #endif
-  dequant_rows_portable<BITS, GROUP>(w, ws, scales, ss, biases, bs, j0, j1, k, out);
+  dequant_rows_path<BITS, GROUP>(w, ws, scales, ss, biases, bs, j0, j1, k, out);
 }
 
 // Rows `j0..j1` of the quantized weight as f32 rows of `k` (the builder
@@ -602,16 +608,9 @@ template <typename T>
 void quant_rows_matmul_t(const T* xp, const std::vector<int64_t>& x_rows, int64_t x_col, const uint32_t* w, Strides2 ws,
                          const T* scales, Strides2 ss, const T* biases, Strides2 bs, T* op, int rows, int n, int k,
                          int group, int bits) {
-  std::vector<float> x(static_cast<size_t>(rows) * k);
-  for (int r = 0; r < rows; ++r) dense_copy(xp + x_rows[r], 1, k, 0, x_col, x.data() + static_cast<size_t>(r) * k);
-  std::vector<float> acc(static_cast<size_t>(rows) * n);
-  // Dequantizing costs about as much as a dense row's read, so the
-  // threshold counts the dense elements.
-  const size_t elements = static_cast<size_t>(n) * k;
-  const int tasks = elements < kParallelElements ? 1 : (n + kTaskFeatures - 1) / kTaskFeatures;
-  const int per_task = tasks == 1 ? n : kTaskFeatures;
-  Pool::get().run(tasks, [&](int t) {
-    const int n0 = t * per_task, n1 = std::min(n, n0 + per_task);
+  // The task split counts dense elements: dequantizing a weight row costs
+  // about what reading its f32 copy does.
+  rows_product(xp, x_rows, x_col, op, rows, n, k, [&](const float* x, int n0, int n1, float* out) {
     // One buffer per thread, kept across tasks and calls: a fresh one per
     // task would be a large allocation (and its page faults) every 64
     // features of a vocabulary-sized unembedding.
@@ -622,10 +621,9 @@ void quant_rows_matmul_t(const T* xp, const std::vector<int64_t>& x_rows, int64_
       dequant_rows(w, ws, scales, ss, biases, bs, j0, j1, k, group, bits, block.data());
       // The block's row `j - j0` is weight row `j`: its products land in
       // columns `j0..j1` of the `[rows, n]` output.
-      features(x.data(), rows, k, block.data(), 0, j1 - j0, acc.data() + j0, n);
+      features(x, rows, k, block.data(), 0, j1 - j0, out + j0, n);
     }
   });
-  for (size_t i = 0; i < acc.size(); ++i) narrow(acc[i], op + i);
 }
 
 class QuantRowsMatmulT : public CpuPrimitive {
