@@ -24,6 +24,7 @@ use mlx_tensor::Array;
 use mtp_draft::{DraftHead, DraftSampling, DraftSession, Proposal};
 
 use crate::error::Result;
+use crate::models::Model;
 
 pub(crate) use draft_model::ModelDrafter;
 pub use draft_model::load_draft;
@@ -179,6 +180,21 @@ impl<'m> Drafter<'m> {
             }
         }
         Ok(())
+    }
+
+    /// Drops every draft state, as a drafter made fresh for `target` has
+    /// none: a new copy of the MTP head (empty draft caches), a draft model's
+    /// empty caches; an n-gram drafter keeps nothing.
+    pub(crate) fn empty(&mut self, target: &'m dyn Model) {
+        match self {
+            Drafter::Mtp(d) => {
+                if let Some(head) = target.mtp_head() {
+                    *d = MtpDrafter::new(head);
+                }
+            }
+            Drafter::Model(d) => *d = ModelDrafter::new(d.model(), target.vocab_size()),
+            Drafter::Ngram(_) => {}
+        }
     }
 
     /// Opens one request's run; `committed` is what the target's caches hold.

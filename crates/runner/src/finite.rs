@@ -41,7 +41,7 @@ impl Causes {
         let mut out = Vec::new();
         if self.temperature > 0.0 && self.temperature < 1e-3 {
             out.push(format!(
-                "--temperature {:e} divides the logits past f32's range (use 0 for greedy \
+                "the temperature {:e} divides the logits past f32's range (use 0 for greedy \
                  decoding, or a temperature of at least 0.01)",
                 self.temperature
             ));
@@ -225,7 +225,7 @@ mod tests {
             ..Options::default()
         };
         let e = read(&[0.5, 2.0, 1.0], &tiny).unwrap_err().to_string();
-        assert!(e.contains("--temperature 1e-40"), "{e}");
+        assert!(e.contains("temperature 1e-40 divides"), "{e}");
         Ok(())
     }
 

@@ -160,7 +160,10 @@ impl Session<'_> {
     /// # Errors
     /// Bad options ([`Error::InvalidOption`], sampling errors), an empty
     /// prompt, a prompt that does not fit the context, ids outside the
-    /// vocabulary; MLX errors.
+    /// vocabulary: checked before anything runs, the session is left as it
+    /// was. Errors while running (MLX errors, non-finite logits) empty the
+    /// session first ([`Session::empty_after`]): its caches may be
+    /// part-written.
     pub fn generate(
         &mut self,
         tok: &Tokenizer,
@@ -170,6 +173,20 @@ impl Session<'_> {
         on_text: impl FnMut(&str),
     ) -> Result<Generation> {
         let max_tokens = self.check(prompt, opts)?;
+        let r = self.run(tok, prompt, opts, max_tokens, cancel, on_text);
+        self.empty_after(r)
+    }
+
+    /// [`Session::generate`] after its checks, with the budget they left.
+    fn run(
+        &mut self,
+        tok: &Tokenizer,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        max_tokens: usize,
+        cancel: &AtomicBool,
+        on_text: impl FnMut(&str),
+    ) -> Result<Generation> {
         if let Some(d) = &self.drafter {
             warm::warm_for(self.model(), d);
         }

@@ -230,7 +230,20 @@ impl<'m> Session<'m> {
     /// Forwards known tokens in chunks; returns the hidden rows `[n, H]` of the last
     /// chunk (lazy), or `None` for no tokens or on cancellation between chunks.
     /// A speculative session reports the chunks to its drafter.
+    ///
+    /// # Errors
+    /// MLX errors; the session is then emptied (see [`Session::empty_after`]).
     pub fn prefill(
+        &mut self,
+        tokens: &[u32],
+        chunk: usize,
+        cancel: &AtomicBool,
+    ) -> Result<Option<Array>> {
+        let r = self.prefill_inner(tokens, chunk, cancel);
+        self.empty_after(r)
+    }
+
+    fn prefill_inner(
         &mut self,
         tokens: &[u32],
         chunk: usize,
@@ -260,10 +273,29 @@ impl<'m> Session<'m> {
     /// request re-runs token `n - 1`), or it replays from below that.
     ///
     /// # Errors
-    /// [`Error::InvalidOption`] when `n` is past the committed tokens; MLX
-    /// errors of the replay.
+    /// [`Error::InvalidOption`] when `n` is past the committed tokens (the
+    /// session is left as it was); MLX errors of the replay (the session is
+    /// then emptied, see [`Session::empty_after`]).
     pub fn rewind_to(&mut self, n: usize) -> Result<()> {
         self.rewind_replaying(n).map(|_| ())
+    }
+
+    /// Passes `r` through; on an error first empties the session (fresh
+    /// caches and draft state, as a new session of the same kind has; what
+    /// the auto depth controller learned is kept). An error in the middle of
+    /// a forward, a round or a rewind can leave the caches part-written and
+    /// out of step with [`Session::committed`]; the next request would then
+    /// build on state no plain decode produces. Empty, it starts over from
+    /// its prompt, and a prefix cache restores what it holds.
+    pub(crate) fn empty_after<T>(&mut self, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            tracing::debug!(error = %e, held = self.committed().len(), "emptying the session after an error");
+            self.target = Target::new(self.target.model());
+            if let Some(d) = self.drafter.as_mut() {
+                d.empty(self.target.model());
+            }
+        }
+        r
     }
 
     /// Keeps the longest prefix of `prompt` the session already holds, but
@@ -305,6 +337,12 @@ impl<'m> Session<'m> {
         if n == have {
             return Ok(0);
         }
+        let r = self.rewind_from(n, have);
+        self.empty_after(r)
+    }
+
+    /// [`Session::rewind_replaying`] from `have` committed tokens to `n < have`.
+    fn rewind_from(&mut self, n: usize, have: usize) -> Result<usize> {
         let from = self.replay_from(n);
         let mut replay = self.target.rewind_reachable(from)?;
         replay.truncate(n - from);
@@ -320,7 +358,7 @@ impl<'m> Session<'m> {
         }
         if !replay.is_empty() {
             let never = AtomicBool::new(false);
-            self.prefill(&replay, PREFILL_CHUNK, &never)?;
+            self.prefill_inner(&replay, PREFILL_CHUNK, &never)?;
         }
         self.offset();
         tracing::debug!(
@@ -370,7 +408,13 @@ impl<'m> Session<'m> {
 
     /// Restores every cache from `rest` to hold `tokens` (a prefix of the
     /// tokens it was taken under; check with [`AtRest::restores_to`]).
+    /// On an error the session is emptied (see [`Session::empty_after`]).
     pub(crate) fn restore(&mut self, rest: &AtRest, tokens: &[u32]) -> Result<()> {
+        let r = self.restore_inner(rest, tokens);
+        self.empty_after(r)
+    }
+
+    fn restore_inner(&mut self, rest: &AtRest, tokens: &[u32]) -> Result<()> {
         let n = tokens.len();
         self.target
             .restore_from(&rest.target, tokens, rest.back.as_deref())?;
@@ -513,5 +557,71 @@ mod tests {
         let want = run(&mut Session::with_mtp(model).unwrap(), &second);
         assert_eq!(got, want);
         assert!(!got.is_empty());
+    }
+
+    /// A request that fails while it runs (here: a temperature that scales
+    /// the logits past f32's range, found after the prefill wrote the
+    /// caches) leaves every kind of session empty and consistent, and its
+    /// next request generates what a fresh session does. Before, the caches
+    /// stayed written past the committed tokens and the next request
+    /// panicked on the broken bookkeeping (a server's engine thread died).
+    #[test]
+    fn a_request_that_fails_midway_leaves_an_empty_consistent_session() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+        let lo = crate::LoadOptions::default;
+        let m = crate::load(&root.join("tiny-mtp"), lo(), |_, _| {}).unwrap();
+        let draft =
+            crate::load_draft(&root.join("tiny-draft"), &root.join("tiny-mtp"), &m.tokenizer, lo())
+                .unwrap();
+        let model = m.model.as_ref();
+        let greedy = GenerateOptions {
+            max_tokens: 16,
+            depth: DepthPolicy::Fixed(3),
+            sampling: sampler::Options {
+                temperature: 0.0,
+                ..sampler::Options::default()
+            },
+            ..GenerateOptions::default()
+        };
+        let broken = GenerateOptions {
+            sampling: sampler::Options {
+                temperature: 1e-40,
+                seed: Some(7),
+                ..sampler::Options::default()
+            },
+            ..greedy.clone()
+        };
+        let cancel = AtomicBool::new(false);
+        let first = m.tokenizer.encode("Once upon a time", true).unwrap();
+        let second = m.tokenizer.encode("Once upon a hill", true).unwrap();
+        let sessions: [(&str, for<'a> fn(&'a dyn Model, &'a dyn Model) -> Session<'a>); 4] = [
+            ("plain", |t, _| Session::new(t)),
+            ("mtp", |t, _| Session::with_mtp(t).unwrap()),
+            ("draft-model", |t, d| Session::with_draft_model(t, d)),
+            ("ngram", |t, _| Session::with_ngram(t, NgramOptions::default())),
+        ];
+        for (name, open) in sessions {
+            let open = || open(model, draft.model.as_ref());
+            let mut s = open();
+            s.generate(&m.tokenizer, &first, &greedy, &cancel, |_| {})
+                .unwrap();
+            let e = s
+                .generate(&m.tokenizer, &second, &broken, &cancel, |_| {})
+                .expect_err(name);
+            assert!(e.to_string().contains("non-finite"), "{name}: {e}");
+            assert!(s.committed().is_empty(), "{name}: emptied");
+            assert_eq!(s.offset(), 0, "{name}: caches agree");
+            assert!(s.draft_caches().iter().all(|c| c.offset() == 0), "{name}");
+            let got = s
+                .generate(&m.tokenizer, &second, &greedy, &cancel, |_| {})
+                .unwrap()
+                .token_ids;
+            let want = open()
+                .generate(&m.tokenizer, &second, &greedy, &cancel, |_| {})
+                .unwrap()
+                .token_ids;
+            assert_eq!(got, want, "{name}");
+            assert!(!got.is_empty(), "{name}");
+        }
     }
 }

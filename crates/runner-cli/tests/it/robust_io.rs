@@ -357,7 +357,7 @@ fn non_finite_logits_stop_with_the_likely_cause() {
             &[
                 "non-finite logits",
                 "position",
-                "--temperature 1e-40",
+                "temperature 1e-40",
                 "greedy",
             ],
         );
