@@ -18,8 +18,9 @@ EXIT CODES:
        error reading them), corrupt, git-lfs pointers or not regular files
        (FIFO, device, dangling symlink); unknown architecture; invalid
        options; a prompt longer than the context; non-finite logits
-  130  interrupted (Ctrl-C): while loading, at once; while generating, the
-       text generated so far has been printed; quantize leaves no --out
+  130  interrupted (Ctrl-C, SIGTERM or SIGHUP): while loading, at once;
+       while generating, the text generated so far has been printed;
+       quantize leaves no --out
   141  stdout closed: its reader went away (`| head`) or it was closed at
        start; generation stops at once
 

@@ -1,4 +1,7 @@
 //! Ctrl-C: one handler for the whole process, whose effect depends on the phase.
+//! SIGTERM (a supervisor, `timeout`) and SIGHUP (a closed terminal) take the
+//! same handler (ctrlc's `termination` feature), so they clean up as Ctrl-C
+//! does and exit 130 too.
 //!
 //! While a model loads (or anything else that only reads) nothing needs
 //! cleaning up, and a read may block for long, so Ctrl-C ends the process at
@@ -34,7 +37,7 @@ impl Interrupt {
                 #[allow(clippy::print_stderr)]
                 {
                     eprintln!(
-                        "interrupted (Ctrl-C) before generation started; nothing was written"
+                        "interrupted (Ctrl-C or SIGTERM/SIGHUP) before generation started; nothing was written"
                     );
                 }
                 mlx_tensor::exit_now(i32::from(crate::EXIT_INTERRUPTED));

@@ -57,8 +57,8 @@ pub enum Error {
         /// The staging sibling that claims it.
         staging: PathBuf,
     },
-    /// The work was interrupted (Ctrl-C) before it finished; nothing partial was left.
-    #[error("interrupted (Ctrl-C): {what}")]
+    /// The work was interrupted (Ctrl-C, or SIGTERM / SIGHUP in the CLI) before it finished; nothing partial was left.
+    #[error("interrupted: {what}")]
     Interrupted {
         /// What was stopped and what was cleaned up.
         what: String,

@@ -207,7 +207,7 @@ fn ctrl_c_while_loading_exits_130_at_once() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130), "{seen}");
     assert!(
-        seen.contains("interrupted (Ctrl-C) before generation started"),
+        seen.contains("interrupted (Ctrl-C or SIGTERM/SIGHUP) before generation started"),
         "{seen}"
     );
 }

@@ -102,7 +102,16 @@ fn two_runs_into_one_folder_one_wins_the_other_fails_clearly() {
 }
 
 #[test]
-fn ctrl_c_while_quantizing_leaves_nothing() {
+fn ctrl_c_term_or_hup_while_quantizing_leaves_nothing() {
+    // SIGTERM (a supervisor, `timeout`) and SIGHUP (a closed terminal) are
+    // handled as Ctrl-C is: before, they killed the process and left the
+    // staging folder, which then refused every later run into that --out.
+    for signal in ["INT", "TERM", "HUP"] {
+        interrupted_quantize_leaves_nothing(signal);
+    }
+}
+
+fn interrupted_quantize_leaves_nothing(signal: &str) {
     // Large enough that the tensors take a while between the claim and the commit.
     let src = crate::common::slow_fixture();
     let tmp = tempfile::tempdir().unwrap();
@@ -118,21 +127,21 @@ fn ctrl_c_while_quantizing_leaves_nothing() {
     while !staging(&out).exists() {
         assert!(
             t0.elapsed() < Duration::from_secs(60),
-            "no staging folder appeared"
+            "{signal}: no staging folder appeared"
         );
         std::thread::sleep(Duration::from_millis(1));
     }
     let ok = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([&format!("-{signal}"), &child.id().to_string()])
         .status()
         .unwrap();
     assert!(ok.success());
     let o = crate::common::output_within(child);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(130), "stderr: {err}");
+    assert_eq!(o.status.code(), Some(130), "{signal}: stderr: {err}");
     assert!(
         err.contains("interrupted") && err.contains("removed"),
-        "{err}"
+        "{signal}: {err}"
     );
     assert_nothing(&out);
 }
