@@ -58,6 +58,7 @@ impl TokenIds {
 
 /// `rope_scaling` as found in config.json (`type` or `rope_type` names the kind).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(expecting = "an object such as {\"rope_type\": \"yarn\", \"factor\": 4.0}, or null")]
 pub(crate) struct RopeScalingRaw {
     /// The kind, old spelling.
     #[serde(rename = "type")]
@@ -278,10 +279,13 @@ impl ModelConfig {
         {
             value["intermediate_size"] = moe;
         }
-        let raw: RawConfig = serde_json::from_value(value.clone()).map_err(|e| Error::Json {
-            path: path.to_owned(),
-            message: e.to_string(),
-        })?;
+        must_be_object(&value, path)?;
+        // The error names the key whose value has the wrong type.
+        let raw: RawConfig =
+            serde_path_to_error::deserialize(value.clone()).map_err(|e| Error::Json {
+                path: path.to_owned(),
+                message: format!("key `{}`: {}", e.path(), e.inner()),
+            })?;
         Self::from_raw(raw, value, path)
     }
 
@@ -307,7 +311,9 @@ impl ModelConfig {
                 hint: "a model folder needs the Hugging Face config.json next to its safetensors",
             });
         }
-        Ok((read_json(&path)?, path))
+        let value = read_json(&path)?;
+        must_be_object(&value, &path)?;
+        Ok((value, path))
     }
 
     /// An error for a config key whose computation the family does not implement.
@@ -461,6 +467,34 @@ impl ModelConfig {
     }
 }
 
+/// A config is one JSON object: anything else is refused by what it is
+/// (rather than by the architecture it then seems to lack).
+fn must_be_object(value: &serde_json::Value, path: &Path) -> Result<()> {
+    if value.is_object() {
+        return Ok(());
+    }
+    Err(Error::Json {
+        path: path.to_owned(),
+        message: format!(
+            "the top level is {}, not an object: a config.json is one JSON object of keys \
+             (`{{\"model_type\": ...}}`)",
+            json_kind(value)
+        ),
+    })
+}
+
+/// What kind of JSON value `v` is, for an error message.
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
 fn parse_scaling(s: RopeScalingRaw, context: usize, path: &Path) -> Result<RopeScaling> {
     let bad = |message: String| Error::InvalidConfig {
         path: path.to_owned(),
@@ -468,6 +502,49 @@ fn parse_scaling(s: RopeScalingRaw, context: usize, path: &Path) -> Result<RopeS
         message,
     };
     let kind = s.rope_type.clone().or(s.kind.clone()).unwrap_or_default();
+    // As transformers does: a kind that scales needs its factor (and
+    // Llama 3 its whole parameter set), and a factor needs a kind; filled
+    // in with guesses, a config that lost a key would run unscaled or scaled
+    // wrong without a word.
+    let need = |keys: &[(&str, bool)]| -> Result<()> {
+        let missing: Vec<&str> = keys
+            .iter()
+            .filter(|(_, has)| !has)
+            .map(|(k, _)| *k)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(bad(format!(
+            "type `{kind}` needs {}: copy rope_scaling from the model's original config.json",
+            missing.join(", ")
+        )))
+    };
+    match kind.as_str() {
+        "linear" => need(&[("factor", s.factor.is_some())])?,
+        "llama3" => need(&[
+            ("factor", s.factor.is_some()),
+            ("low_freq_factor", s.low_freq_factor.is_some()),
+            ("high_freq_factor", s.high_freq_factor.is_some()),
+            (
+                "original_max_position_embeddings",
+                s.original_max_position_embeddings.is_some(),
+            ),
+        ])?,
+        // transformers 5 derives a missing factor from the two context lengths.
+        "yarn" => need(&[(
+            "factor (or original_max_position_embeddings to derive it from)",
+            s.factor.is_some() || s.original_max_position_embeddings.is_some(),
+        )])?,
+        "" | "default" if s.factor.is_some_and(|f| f != 1.0) => {
+            return Err(bad(format!(
+                "factor {} is given without `type` / `rope_type`: name the scaling \
+                 (linear, llama3, yarn), or remove rope_scaling for plain RoPE",
+                s.factor.unwrap_or_default()
+            )));
+        }
+        _ => {}
+    }
     let factor = s.factor.unwrap_or(1.0);
     if !factor.is_finite() || factor <= 0.0 {
         return Err(bad(format!(

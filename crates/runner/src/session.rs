@@ -570,9 +570,13 @@ mod tests {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
         let lo = crate::LoadOptions::default;
         let m = crate::load(&root.join("tiny-mtp"), lo(), |_, _| {}).unwrap();
-        let draft =
-            crate::load_draft(&root.join("tiny-draft"), &root.join("tiny-mtp"), &m.tokenizer, lo())
-                .unwrap();
+        let draft = crate::load_draft(
+            &root.join("tiny-draft"),
+            &root.join("tiny-mtp"),
+            &m.tokenizer,
+            lo(),
+        )
+        .unwrap();
         let model = m.model.as_ref();
         let greedy = GenerateOptions {
             max_tokens: 16,
@@ -594,11 +598,16 @@ mod tests {
         let cancel = AtomicBool::new(false);
         let first = m.tokenizer.encode("Once upon a time", true).unwrap();
         let second = m.tokenizer.encode("Once upon a hill", true).unwrap();
-        let sessions: [(&str, for<'a> fn(&'a dyn Model, &'a dyn Model) -> Session<'a>); 4] = [
+        let sessions: [(
+            &str,
+            for<'a> fn(&'a dyn Model, &'a dyn Model) -> Session<'a>,
+        ); 4] = [
             ("plain", |t, _| Session::new(t)),
             ("mtp", |t, _| Session::with_mtp(t).unwrap()),
             ("draft-model", |t, d| Session::with_draft_model(t, d)),
-            ("ngram", |t, _| Session::with_ngram(t, NgramOptions::default())),
+            ("ngram", |t, _| {
+                Session::with_ngram(t, NgramOptions::default())
+            }),
         ];
         for (name, open) in sessions {
             let open = || open(model, draft.model.as_ref());

@@ -62,9 +62,10 @@ pub fn validate_header(path: &Path) -> Result<BTreeMap<String, TensorEntry>> {
     file.read_exact(&mut header).map_err(io)?;
     let text =
         std::str::from_utf8(&header).map_err(|e| corrupt(format!("header is not UTF-8: {e}")))?;
+    let data_len = len - 8 - n;
+    check_entries(text, data_len).map_err(corrupt)?;
     let meta: safetensors::tensor::Metadata =
         serde_json::from_str(text).map_err(|e| corrupt(format!("header: {e}")))?;
-    let data_len = len - 8 - n;
     let mut out = BTreeMap::new();
     let mut end = 0usize;
     for (name, info) in meta.tensors() {
@@ -83,6 +84,85 @@ pub fn validate_header(path: &Path) -> Result<BTreeMap<String, TensorEntry>> {
         )));
     }
     Ok(out)
+}
+
+/// One header entry as written, before any check.
+#[derive(Debug, Deserialize)]
+struct RawEntry {
+    dtype: String,
+    shape: Vec<usize>,
+    data_offsets: (usize, usize),
+}
+
+/// Checks every entry of a header on its own and then their byte ranges
+/// together, so a bad entry is named: the `safetensors` crate says only
+/// "invalid shape, data type, or offset", and names the tensor after a bad
+/// offset rather than the one that has it.
+fn check_entries(header: &str, data_len: u64) -> std::result::Result<(), String> {
+    let entries: BTreeMap<String, serde_json::Value> =
+        serde_json::from_str(header).map_err(|e| format!("header: {e}"))?;
+    let mut ranges = Vec::with_capacity(entries.len());
+    for (name, v) in entries {
+        if name == "__metadata__" {
+            continue;
+        }
+        let e: RawEntry = serde_json::from_value(v).map_err(|e| {
+            format!(
+                "header entry of tensor `{name}`: {e} (an entry is {{\"dtype\": \"BF16\", \
+                 \"shape\": [..], \"data_offsets\": [begin, end]}})"
+            )
+        })?;
+        let dtype: safetensors::Dtype =
+            serde_json::from_value(e.dtype.clone().into()).map_err(|_| {
+                format!(
+                    "tensor `{name}`: dtype `{}` is not a safetensors dtype",
+                    e.dtype
+                )
+            })?;
+        let (begin, end) = e.data_offsets;
+        if begin > end || end as u64 > data_len {
+            return Err(format!(
+                "tensor `{name}`: data_offsets [{begin}, {end}] do not lie within the \
+                 {data_len} data bytes (the file is truncated or the header is wrong)"
+            ));
+        }
+        let bits = e
+            .shape
+            .iter()
+            .try_fold(dtype.bitsize(), |a, &d| a.checked_mul(d));
+        if bits.is_none_or(|b| b % 8 != 0 || b / 8 != end - begin) {
+            return Err(format!(
+                "tensor `{name}`: shape {:?} of {} does not fill its {} bytes \
+                 (data_offsets [{begin}, {end}])",
+                e.shape,
+                e.dtype,
+                end - begin
+            ));
+        }
+        ranges.push((begin, end, name));
+    }
+    ranges.sort();
+    for pair in ranges.windows(2) {
+        let ((_, a_end, a), (b_begin, _, b)) = (&pair[0], &pair[1]);
+        if b_begin != a_end {
+            let how = if b_begin < a_end {
+                "overlaps"
+            } else {
+                "leaves a gap after"
+            };
+            return Err(format!(
+                "tensor `{b}` (from byte {b_begin}) {how} tensor `{a}` (to byte {a_end})"
+            ));
+        }
+    }
+    if let Some((begin, _, name)) = ranges.first()
+        && *begin != 0
+    {
+        return Err(format!(
+            "the first tensor `{name}` starts at byte {begin}, not 0"
+        ));
+    }
+    Ok(())
 }
 
 #[derive(Debug, Deserialize)]

@@ -97,6 +97,24 @@ fn config_errors_name_the_key() {
         |d| std::fs::write(d.join("config.json"), "{not json").unwrap(),
         &["config.json", "line 1"],
     );
+    // JSON, but not an object: named as such, not as an unknown architecture.
+    check(
+        |d| std::fs::write(d.join("config.json"), "[1, 2, 3]").unwrap(),
+        &["config.json", "top level is an array, not an object"],
+    );
+    // A value of the wrong type names its key (serde alone names only the type).
+    check(
+        |d| edit_json(&d.join("config.json"), |v| v["vocab_size"] = "4".into()),
+        &["config.json", "key `vocab_size`", "expected usize"],
+    );
+    check(
+        |d| {
+            edit_json(&d.join("config.json"), |v| {
+                v["rope_scaling"] = "yarn".into()
+            })
+        },
+        &["key `rope_scaling`", "an object such as"],
+    );
 }
 
 #[test]
@@ -161,20 +179,34 @@ fn corrupt_safetensors_headers() {
         |d| std::fs::write(st(d), [1u8, 2, 3]).unwrap(),
         &["model.safetensors", "shorter than"],
     );
-    // A lying shape: the byte range no longer matches shape × dtype.
+    // A lying shape: the byte range no longer matches shape × dtype. The
+    // error names the tensor that lies (the safetensors crate names none).
+    let lie = |d: &Path| -> String {
+        let b = std::fs::read(st(d)).unwrap();
+        let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+        let h = String::from_utf8(b[8..8 + n].to_vec()).unwrap();
+        let h = h.replacen("[64]", "[65]", 1);
+        assert_eq!(h.len(), n);
+        let mut out = b[..8].to_vec();
+        out.extend(h.as_bytes());
+        out.extend(&b[8 + n..]);
+        std::fs::write(st(d), out).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&h).unwrap();
+        let lied = v.as_object().unwrap().iter();
+        let mut lied = lied.filter(|(_, e)| e["shape"] == serde_json::json!([65]));
+        lied.next().unwrap().0.clone()
+    };
+    let name = std::cell::RefCell::new(String::new());
+    check(
+        |d| *name.borrow_mut() = lie(d),
+        &["model.safetensors", "corrupt", "does not fill"],
+    );
+    let name = name.into_inner();
     check(
         |d| {
-            let b = std::fs::read(st(d)).unwrap();
-            let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
-            let h = String::from_utf8(b[8..8 + n].to_vec()).unwrap();
-            let h = h.replacen("[64]", "[65]", 1);
-            assert_eq!(h.len(), n);
-            let mut out = b[..8].to_vec();
-            out.extend(h.as_bytes());
-            out.extend(&b[8 + n..]);
-            std::fs::write(st(d), out).unwrap();
+            lie(d);
         },
-        &["model.safetensors", "corrupt"],
+        &[&format!("tensor `{name}`: shape [65]")],
     );
 }
 

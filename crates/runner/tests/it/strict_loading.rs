@@ -136,6 +136,16 @@ fn unimplemented_config_keys_are_named() {
             json!({"rope_type": "dynamic", "factor": 2.0}),
             "dynamic",
         ),
+        // Incomplete scaling is refused, not run unscaled (transformers
+        // refuses these too).
+        ("rope_scaling", json!({"type": "linear"}), "needs factor"),
+        (
+            "rope_scaling",
+            json!({"rope_type": "llama3", "factor": 8.0}),
+            "needs low_freq_factor, high_freq_factor, original_max_position_embeddings",
+        ),
+        ("rope_scaling", json!({"type": "yarn"}), "needs factor"),
+        ("rope_scaling", json!({"factor": 2.0}), "without `type`"),
     ];
     for (key, value, needle) in cases {
         let dir = common::write(&Fixture::new(Arch::Qwen3), 6);
