@@ -46,6 +46,50 @@ struct TokenizerConfig {
     chat_template: Option<Template>,
 }
 
+/// The chat template as transformers picks it: `chat_template.jinja`, else
+/// `chat_template.json` (`{"chat_template": ...}`), else tokenizer_config.json's;
+/// of named templates the one named `default` (transformers refuses a list
+/// without one, which is kept here as the error chat then reports).
+fn chat_template(
+    dir: &Path,
+    config: Option<Template>,
+) -> Result<Option<std::result::Result<String, String>>> {
+    let jinja = dir.join("chat_template.jinja");
+    if jinja.is_file() {
+        let bytes = crate::error::read(&jinja)?;
+        let text = String::from_utf8(bytes).map_err(|e| Error::InvalidConfig {
+            path: jinja.clone(),
+            key: "chat_template",
+            message: format!("the template is not UTF-8 text ({e})"),
+        })?;
+        return Ok(Some(Ok(text)));
+    }
+    #[derive(Deserialize)]
+    struct File {
+        chat_template: Option<Template>,
+    }
+    let json = dir.join("chat_template.json");
+    let template = if json.is_file() {
+        read_json::<File>(&json)?.chat_template.or(config)
+    } else {
+        config
+    };
+    Ok(template.map(|t| match t {
+        Template::One(s) => Ok(s),
+        Template::Named(v) => match v.iter().find(|t| t.name == "default") {
+            Some(t) => Ok(t.template.clone()),
+            None => Err(format!(
+                "the named templates ({}) include none called `default`, which chat uses \
+                 (transformers refuses this list too): name the chat template `default`",
+                v.iter()
+                    .map(|t| format!("`{}`", t.name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        },
+    }))
+}
+
 /// A loaded tokenizer with the ids generation needs.
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
@@ -54,7 +98,8 @@ pub struct Tokenizer {
     eos_ids: Vec<u32>,
     eos_text: Option<String>,
     pad: Option<u32>,
-    chat_template: Option<String>,
+    /// The template, or why there is none to use (no template: `None`).
+    chat_template: Option<std::result::Result<String, String>>,
     config_path: PathBuf,
 }
 
@@ -113,14 +158,7 @@ impl Tokenizer {
             eos_ids.push(e);
         }
         drop_outside_vocab(&mut eos_ids, config.vocab_size);
-        let chat_template = tc.chat_template.and_then(|t| match t {
-            Template::One(s) => Some(s),
-            Template::Named(v) => v
-                .iter()
-                .find(|t| t.name == "default")
-                .or(v.first())
-                .map(|t| t.template.clone()),
-        });
+        let chat_template = chat_template(dir, tc.chat_template)?;
         Ok(Tokenizer {
             bos,
             eos_text: tc.eos_token.as_ref().map(|t| t.text().to_owned()),
@@ -270,11 +308,17 @@ impl Tokenizer {
 
     /// The chat template, or an error naming tokenizer_config.json.
     pub fn chat_template(&self) -> Result<&str> {
-        self.chat_template
-            .as_deref()
-            .ok_or_else(|| Error::NoChatTemplate {
+        match &self.chat_template {
+            Some(Ok(t)) => Ok(t),
+            Some(Err(why)) => Err(Error::InvalidConfig {
                 path: self.config_path.clone(),
-            })
+                key: "chat_template",
+                message: why.clone(),
+            }),
+            None => Err(Error::NoChatTemplate {
+                path: self.config_path.clone(),
+            }),
+        }
     }
 
     /// The underlying `tokenizers` tokenizer.

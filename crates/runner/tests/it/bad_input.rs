@@ -337,6 +337,57 @@ fn chat_without_template_is_an_error() {
     );
 }
 
+/// The chat template is found where transformers looks: `chat_template.jinja`
+/// first (also when tokenizer_config.json has one), else tokenizer_config's;
+/// a list of named templates without `default` is refused when chat is used.
+#[test]
+fn chat_template_sources_follow_transformers() {
+    let hi = [runner::Message::new("user", "hi")];
+    let render = |dir: &Path| {
+        let m = common::load(dir);
+        runner::apply_chat_template(&m.tokenizer, &hi).map_err(|e| e.to_string())
+    };
+    // Only in chat_template.jinja (as newer checkpoints ship it).
+    let dir = common::write(
+        &Fixture {
+            chat_template: false,
+            ..Fixture::new(Arch::Qwen3)
+        },
+        2,
+    );
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "J:{{ messages[0].content }}",
+    )
+    .unwrap();
+    assert_eq!(render(dir.path()).unwrap(), "J:hi");
+    // Both: the .jinja file wins.
+    let dir = common::write(&Fixture::new(Arch::Qwen3), 2);
+    let config_one = render(dir.path()).unwrap();
+    assert_ne!(config_one, "J:hi");
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "J:{{ messages[0].content }}",
+    )
+    .unwrap();
+    assert_eq!(render(dir.path()).unwrap(), "J:hi");
+    // Named templates: `default` is used; without it, an error naming them.
+    let dir = common::write(&Fixture::new(Arch::Qwen3), 2);
+    let named = |list: serde_json::Value| {
+        edit_json(&dir.path().join("tokenizer_config.json"), |v| {
+            v["chat_template"] = list
+        });
+        render(dir.path())
+    };
+    let got = named(serde_json::json!([
+        {"name": "tool_use", "template": "T"},
+        {"name": "default", "template": "D:{{ messages[0].content }}"}
+    ]));
+    assert_eq!(got.unwrap(), "D:hi");
+    let e = named(serde_json::json!([{"name": "other", "template": "O"}])).unwrap_err();
+    assert!(e.contains("`other`") && e.contains("`default`"), "{e}");
+}
+
 /// Keeps the first `keep` of `file`'s bytes (`keep` < 1 is a fraction of its length).
 fn truncate(dir: &Path, file: &str, keep: f64) {
     let p = dir.join(file);
