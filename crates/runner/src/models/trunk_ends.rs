@@ -108,12 +108,40 @@ pub(crate) fn load_lm_head(
     let prefix = w.layout().lm_head;
     let mut vb = w.vars(prefix);
     if c.tie_word_embeddings {
-        // A checkpoint may carry a redundant copy; the embedding is authoritative.
-        let _ = vb.take_optional("weight", &[c.vocab_size, c.hidden_size])?;
+        // A checkpoint may carry a redundant copy; the embedding is
+        // authoritative (as in transformers and mlx-lm). A copy that differs
+        // says the config's tie may be wrong: said, not silently dropped.
+        if let Some(head) = vb.take_optional("weight", &[c.vocab_size, c.hidden_size])?
+            && !tied_copy_agrees(embed, &head, c.vocab_size)?
+        {
+            tracing::warn!(
+                "config.json ties the unembedding to the embedding (tie_word_embeddings: true), \
+                 but the checkpoint's {prefix}.weight differs from it; it is not used, as \
+                 transformers and mlx-lm do not. If this model has its own head, set \
+                 tie_word_embeddings to false"
+            );
+        }
         embed.as_linear(layout)
     } else {
         linear(vb, c.hidden_size, c.vocab_size, false, layout)
     }
+}
+
+/// Whether a tied checkpoint's own `lm_head` copy equals the embedding, on
+/// a few rows (first, middle, last: a different head differs everywhere);
+/// a quantized embedding is not compared.
+fn tied_copy_agrees(embed: &Embedding, head: &Array, vocab: usize) -> Result<bool> {
+    if embed.is_quantized() {
+        return Ok(true);
+    }
+    let ids: Vec<i32> = [0, vocab / 2, vocab.saturating_sub(1)]
+        .iter()
+        .map(|&i| i32::try_from(i).unwrap_or(0))
+        .collect();
+    let ids = Array::from_slice(&ids, &[3])?;
+    let a = embed.forward(&ids)?.as_type(Dtype::Float32)?;
+    let b = head.take(&ids, 0)?.as_type(Dtype::Float32)?;
+    Ok(a.equal(&b)?.all(&[0, 1], false)?.item::<bool>()?)
 }
 
 /// Says once, at load, why a config that announces MTP layers has no head:
