@@ -243,7 +243,8 @@ pub enum Error {
     EmptyPrompt,
     /// The prompt does not fit the model's context.
     #[error(
-        "prompt too long: the prompt has {prompt} tokens but the model's context is {context} tokens"
+        "prompt too long: the prompt has {prompt} tokens but the model's context is {context} tokens \
+         and the reply needs one more: shorten the prompt to fewer than {context} tokens"
     )]
     PromptTooLong {
         /// Prompt tokens.
