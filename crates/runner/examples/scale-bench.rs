@@ -74,6 +74,8 @@ use serde_json::{Value, json};
 
 #[path = "support/host.rs"]
 mod host;
+#[path = "support/logs.rs"]
+mod logs;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -449,15 +451,7 @@ fn decode_row(
 // A benchmark binary: notes go to stderr, results to stdout.
 #[allow(clippy::print_stderr)]
 fn main() -> Res<()> {
-    // `RUST_LOG=runner::depth=trace` logs the auto controller's decisions
-    // and rounds to stderr (the rows stay on stdout).
-    if std::env::var_os("RUST_LOG").is_some() {
-        tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .with_ansi(false)
-            .init();
-    }
+    logs::init_from_env();
     let start = Instant::now();
     let mut args = std::env::args().skip(1);
     let (mut model, mut prompts_file, mut shape) = (None, None, String::from("?"));

@@ -19,6 +19,9 @@ use runner::{GenerateOptions, Generation, LoadOptions, LoadedModel, SamplingOpti
 use runner::{NgramOptions, load_draft};
 use serde_json::{Value, json};
 
+#[path = "support/logs.rs"]
+mod logs;
+
 /// The bundled draft model, used when `--draft-model` is not given.
 fn default_draft() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-draft")
@@ -60,15 +63,7 @@ fn session<'m>(
 // A benchmark binary: notes go to stderr, results to stdout.
 #[allow(clippy::print_stderr)]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // `RUST_LOG=runner::depth=trace` logs the auto controller's decisions
-    // and rounds to stderr (the rows stay on stdout).
-    if std::env::var_os("RUST_LOG").is_some() {
-        tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .with_ansi(false)
-            .init();
-    }
+    logs::init_from_env();
     let mut args = std::env::args().skip(1);
     let (mut model, mut draft_dir, mut tokens, mut runs) =
         (None, default_draft(), 128usize, 3usize);

@@ -502,49 +502,7 @@ fn parse_scaling(s: RopeScalingRaw, context: usize, path: &Path) -> Result<RopeS
         message,
     };
     let kind = s.rope_type.clone().or(s.kind.clone()).unwrap_or_default();
-    // As transformers does: a kind that scales needs its factor (and
-    // Llama 3 its whole parameter set), and a factor needs a kind; filled
-    // in with guesses, a config that lost a key would run unscaled or scaled
-    // wrong without a word.
-    let need = |keys: &[(&str, bool)]| -> Result<()> {
-        let missing: Vec<&str> = keys
-            .iter()
-            .filter(|(_, has)| !has)
-            .map(|(k, _)| *k)
-            .collect();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        Err(bad(format!(
-            "type `{kind}` needs {}: copy rope_scaling from the model's original config.json",
-            missing.join(", ")
-        )))
-    };
-    match kind.as_str() {
-        "linear" => need(&[("factor", s.factor.is_some())])?,
-        "llama3" => need(&[
-            ("factor", s.factor.is_some()),
-            ("low_freq_factor", s.low_freq_factor.is_some()),
-            ("high_freq_factor", s.high_freq_factor.is_some()),
-            (
-                "original_max_position_embeddings",
-                s.original_max_position_embeddings.is_some(),
-            ),
-        ])?,
-        // transformers 5 derives a missing factor from the two context lengths.
-        "yarn" => need(&[(
-            "factor (or original_max_position_embeddings to derive it from)",
-            s.factor.is_some() || s.original_max_position_embeddings.is_some(),
-        )])?,
-        "" | "default" if s.factor.is_some_and(|f| f != 1.0) => {
-            return Err(bad(format!(
-                "factor {} is given without `type` / `rope_type`: name the scaling \
-                 (linear, llama3, yarn), or remove rope_scaling for plain RoPE",
-                s.factor.unwrap_or_default()
-            )));
-        }
-        _ => {}
-    }
+    check_complete(&s, &kind).map_err(bad)?;
     let factor = s.factor.unwrap_or(1.0);
     if !factor.is_finite() || factor <= 0.0 {
         return Err(bad(format!(
@@ -574,6 +532,50 @@ fn parse_scaling(s: RopeScalingRaw, context: usize, path: &Path) -> Result<RopeS
         other => Err(bad(format!(
             "type `{other}` is not supported (supported: linear, llama3, yarn)"
         ))),
+    }
+}
+
+/// As transformers does: a kind that scales needs its factor (and Llama 3
+/// its whole parameter set), and a factor needs a kind; filled in with
+/// guesses, a config that lost a key would run unscaled or scaled wrong
+/// without a word. The error is the message for `rope_scaling`.
+fn check_complete(s: &RopeScalingRaw, kind: &str) -> std::result::Result<(), String> {
+    let need = |keys: &[(&str, bool)]| {
+        let missing: Vec<&str> = keys
+            .iter()
+            .filter(|(_, has)| !has)
+            .map(|(k, _)| *k)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "type `{kind}` needs {}: copy rope_scaling from the model's original config.json",
+            missing.join(", ")
+        ))
+    };
+    match kind {
+        "linear" => need(&[("factor", s.factor.is_some())]),
+        "llama3" => need(&[
+            ("factor", s.factor.is_some()),
+            ("low_freq_factor", s.low_freq_factor.is_some()),
+            ("high_freq_factor", s.high_freq_factor.is_some()),
+            (
+                "original_max_position_embeddings",
+                s.original_max_position_embeddings.is_some(),
+            ),
+        ]),
+        // transformers 5 derives a missing factor from the two context lengths.
+        "yarn" => need(&[(
+            "factor (or original_max_position_embeddings to derive it from)",
+            s.factor.is_some() || s.original_max_position_embeddings.is_some(),
+        )]),
+        "" | "default" if s.factor.is_some_and(|f| f != 1.0) => Err(format!(
+            "factor {} is given without `type` / `rope_type`: name the scaling \
+             (linear, llama3, yarn), or remove rope_scaling for plain RoPE",
+            s.factor.unwrap_or_default()
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -565,6 +565,9 @@ mod tests {
     /// next request generates what a fresh session does. Before, the caches
     /// stayed written past the committed tokens and the next request
     /// panicked on the broken bookkeeping (a server's engine thread died).
+    /// Opens a session of some kind over a target and a draft model.
+    type Open = for<'a> fn(&'a dyn Model, &'a dyn Model) -> Session<'a>;
+
     #[test]
     fn a_request_that_fails_midway_leaves_an_empty_consistent_session() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
@@ -598,10 +601,7 @@ mod tests {
         let cancel = AtomicBool::new(false);
         let first = m.tokenizer.encode("Once upon a time", true).unwrap();
         let second = m.tokenizer.encode("Once upon a hill", true).unwrap();
-        let sessions: [(
-            &str,
-            for<'a> fn(&'a dyn Model, &'a dyn Model) -> Session<'a>,
-        ); 4] = [
+        let sessions: [(&str, Open); 4] = [
             ("plain", |t, _| Session::new(t)),
             ("mtp", |t, _| Session::with_mtp(t).unwrap()),
             ("draft-model", |t, d| Session::with_draft_model(t, d)),

@@ -355,22 +355,16 @@ fn chat_template_sources_follow_transformers() {
         },
         2,
     );
-    std::fs::write(
-        dir.path().join("chat_template.jinja"),
-        "J:{{ messages[0].content }}",
-    )
-    .unwrap();
-    assert_eq!(render(dir.path()).unwrap(), "J:hi");
+    let jinja = |d: &Path| {
+        std::fs::write(d.join("chat_template.jinja"), "J:{{ messages[0].content }}").unwrap();
+        render(d)
+    };
+    assert_eq!(jinja(dir.path()).unwrap(), "J:hi");
     // Both: the .jinja file wins.
     let dir = common::write(&Fixture::new(Arch::Qwen3), 2);
     let config_one = render(dir.path()).unwrap();
     assert_ne!(config_one, "J:hi");
-    std::fs::write(
-        dir.path().join("chat_template.jinja"),
-        "J:{{ messages[0].content }}",
-    )
-    .unwrap();
-    assert_eq!(render(dir.path()).unwrap(), "J:hi");
+    assert_eq!(jinja(dir.path()).unwrap(), "J:hi");
     // Named templates: `default` is used; without it, an error naming them.
     let dir = common::write(&Fixture::new(Arch::Qwen3), 2);
     let named = |list: serde_json::Value| {
