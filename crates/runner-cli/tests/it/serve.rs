@@ -394,6 +394,24 @@ fn malformed_input_gets_its_status_and_names_the_field() {
     // After all of that the server still answers.
     let (got, v) = s.post_json("/v1/chat/completions", &chat_body(&user("hi"), 4));
     assert_eq!(got, 200, "{v}");
+    // A request that fails while it runs (a temperature that scales the
+    // logits past f32's range, found after the prefill wrote the caches) is
+    // a 400 naming the cause, and the engine lives on: the next request used
+    // to panic the engine thread on the caches it left written.
+    let broken = json!({"prompt": "Hello there", "max_tokens": 10, "temperature": 1e-45});
+    let (got, v) = s.post_json("/v1/completions", &broken);
+    assert_eq!(got, 400, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("non-finite") && msg.contains("temperature"),
+        "{msg}"
+    );
+    let (got, v) = s.post_json(
+        "/v1/completions",
+        &json!({"prompt": "Hello there", "max_tokens": 3}),
+    );
+    assert_eq!(got, 200, "after a failed request: {v}");
+    assert_eq!(s.get("/health").0, 200);
     // A logit bias is honoured: +100 on one token makes a greedy answer
     // that token over and over, where the unbiased answer is not.
     let text = |bias: Value, n: usize| {
