@@ -290,7 +290,7 @@ impl<'m> Session<'m> {
     pub(crate) fn empty_after<T>(&mut self, r: Result<T>) -> Result<T> {
         if let Err(e) = &r {
             tracing::debug!(error = %e, held = self.committed().len(), "emptying the session after an error");
-            self.target = Target::new(self.target.model());
+            self.target.reset();
             if let Some(d) = self.drafter.as_mut() {
                 d.empty(self.target.model());
             }

@@ -220,7 +220,7 @@ impl<'m> Target<'m> {
     }
 
     /// Fresh caches holding nothing.
-    fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.caches = self.model.new_caches();
         self.committed.clear();
         self.points.clear();
