@@ -173,7 +173,11 @@ fn ctrl_c_exits_130_after_printing_what_was_generated() {
     let mut child = Command::new(BIN)
         .args(generate_args(
             dir.path(),
-            &["--prompt", "go", "-n", "300000", "--json", "--verbose"],
+            &[
+                &["--prompt", "go", "-n", "300000", "--json", "--verbose"][..],
+                &common::ENDLESS,
+            ]
+            .concat(),
         ))
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())

@@ -56,6 +56,18 @@ pub(crate) fn generate_args<'a, P: AsRef<Path> + ?Sized>(
     v
 }
 
+/// Flags that keep the fixture from ending a reply by itself. Its greedy
+/// replies reach an end-of-turn token after a few hundred tokens, which on a
+/// loaded machine can come before a test's Ctrl-C or closed pipe (a chat
+/// test then waits at the prompt for an `interrupted:` line that never comes).
+pub(crate) const ENDLESS: [&str; 4] = [
+    "--logit-bias",
+    "256=-1000", // EOT
+    "--logit-bias",
+    "258=-1000", // IM_END
+];
+const _: () = assert!(runner::testing::EOT == 256 && runner::testing::IM_END == 258);
+
 /// How long one child of a test may live before its [`Watchdog`] kills it:
 /// far above the slowest child on a loaded 2-core machine, far below CI's limit.
 pub(crate) const CHILD_DEADLINE: Duration = Duration::from_secs(600);

@@ -13,7 +13,7 @@ use std::sync::mpsc::{Receiver, channel};
 use runner::testing::{Arch, Fixture};
 
 use crate::common;
-use common::{BIN, check_with_stdin, fixture, generate_args};
+use common::{BIN, ENDLESS, check_with_stdin, fixture, generate_args};
 
 #[test]
 fn conflicting_and_out_of_range_options_exit_2_naming_the_fix() {
@@ -258,7 +258,11 @@ fn ctrl_c_in_prefill_exits_130_with_statistics() {
     let dir = long_context();
     let mut w = Watched::spawn(&generate_args(
         dir.path(),
-        &["-n", "300000", "--json", "--speculative", "off"],
+        &[
+            &["-n", "300000", "--json", "--speculative", "off"][..],
+            &ENDLESS,
+        ]
+        .concat(),
     ));
     // 60,000 prompt tokens: 30 prefill chunks whose attention grows with the position.
     w.send(&"x".repeat(60_000));
@@ -282,7 +286,11 @@ fn ctrl_c_in_decode_prints_the_text_so_far_and_statistics() {
     let dir = long_context();
     let w = Watched::spawn(&generate_args(
         dir.path(),
-        &["--prompt", "go", "-n", "300000", "--speculative", "off"],
+        &[
+            &["--prompt", "go", "-n", "300000", "--speculative", "off"][..],
+            &ENDLESS,
+        ]
+        .concat(),
     ));
     let first = w.some_stdout();
     w.interrupt();
@@ -304,7 +312,8 @@ fn ctrl_c_in_decode_prints_the_text_so_far_and_statistics() {
 fn ctrl_c_in_interactive_chat_cancels_only_the_current_turn() {
     let dir = long_context();
     let model = dir.path().to_str().unwrap();
-    let mut w = Watched::spawn(&["chat", "--model", model, "-n", "300000"]);
+    let mut w =
+        Watched::spawn(&[&["chat", "--model", model, "-n", "300000"][..], &ENDLESS].concat());
     for (turn, message) in [(1, "Tell me a story\n"), (2, "And then?\n")] {
         w.send(message);
         // The turn clears the flag before it logs this line: a Ctrl-C sent

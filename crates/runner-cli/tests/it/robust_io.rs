@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use runner::testing::{Arch, Fixture};
 
-use crate::common::{BIN, check, fixture, generate_args};
+use crate::common::{BIN, ENDLESS, check, fixture, generate_args};
 
 /// Rewrites `key` of `dir/config.json` as the raw JSON text `value`.
 fn set_config(dir: &Path, key: &str, value: &str) {
@@ -225,7 +225,11 @@ fn a_reader_that_goes_away_or_a_closed_stdout_ends_with_141() {
     let dir = long_context();
     let args = generate_args(
         dir.path(),
-        &["--prompt", "go", "-n", "300000", "--speculative", "off"],
+        &[
+            &["--prompt", "go", "-n", "300000", "--speculative", "off"][..],
+            &ENDLESS,
+        ]
+        .concat(),
     );
     // `| head -c 10`: read ten bytes, close the pipe.
     let mut child = Command::new(BIN)
