@@ -225,6 +225,12 @@ pub(crate) fn info_text(i: &ModelInfo) -> String {
             ),
         },
         match (i.mtp_head, i.mtp_layers_declared) {
+            (true, n) if n > i.mtp_layers_present => format!(
+                "found, {} layout, but only {} of the {n} layers declared in config.json \
+                 are in the checkpoint (drafting uses layer 0)",
+                i.mtp_layout.unwrap_or("?"),
+                i.mtp_layers_present
+            ),
             (true, n) => format!(
                 "found, {} layout ({n} layer(s) declared in config.json)",
                 i.mtp_layout.unwrap_or("?")
@@ -256,6 +262,8 @@ pub(crate) struct InfoReport<'a> {
     pub mtp_head: bool,
     /// MTP layers declared in config.json.
     pub mtp_layers_declared: usize,
+    /// MTP layers in the checkpoint.
+    pub mtp_layers_present: usize,
     /// The MTP head's tensor layout, when there is one.
     pub mtp_layout: Option<&'static str>,
     /// Why a declared MTP head is absent (an mlx-lm conversion dropped it).
@@ -285,6 +293,7 @@ impl<'a> InfoReport<'a> {
             dtypes: &i.dtypes,
             mtp_head: i.mtp_head,
             mtp_layers_declared: i.mtp_layers_declared,
+            mtp_layers_present: i.mtp_layers_present,
             mtp_layout: i.mtp_layout,
             mtp_note: i.mtp_note,
             tensor_layout: i.tensor_layout,

@@ -166,6 +166,8 @@ pub struct ModelInfo {
     pub mtp_layout: Option<&'static str>,
     /// MTP layers declared in config.json.
     pub mtp_layers_declared: usize,
+    /// MTP layers the checkpoint holds (the head drafts with the first).
+    pub mtp_layers_present: usize,
     /// Why a declared head is absent, when the folder says (an mlx-lm conversion).
     pub mtp_note: Option<&'static str>,
     /// How the checkpoint wraps its text model (`transformers`, `transformers-multimodal`, `mlx-lm-multimodal`).
@@ -195,6 +197,7 @@ impl ModelInfo {
             mtp_head: layout.is_some(),
             mtp_layout: layout.map(MtpLayout::name),
             mtp_layers_declared: c.mtp_layers,
+            mtp_layers_present: layout.map_or(0, |l| l.layers_present(c, w.all_names())),
             mtp_note: (layout.is_none() && c.mtp_layers > 0 && mlx).then_some(MLX_DROPPED_MTP),
             tensor_layout: w.layout().name,
             skipped: w.skipped(),

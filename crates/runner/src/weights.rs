@@ -563,6 +563,13 @@ impl Weights {
         }
     }
 
+    /// Removes every tensor under `prefix` not taken yet, unread; returns how many.
+    pub(crate) fn discard_prefix(&mut self, prefix: &str) -> usize {
+        let before = self.tensors.len();
+        self.tensors.retain(|name, _| !name.starts_with(prefix));
+        before - self.tensors.len()
+    }
+
     /// Like [`Weights::take`], but absence is `Ok(None)`.
     ///
     /// A quantized `[out, in]` weight asked for this way comes back dequantized

@@ -425,6 +425,69 @@ fn an_announced_head_without_tensors_gives_no_head() {
 }
 
 #[test]
+fn fewer_layers_than_declared_are_counted_and_the_head_drafts_with_the_first() {
+    for layout in [MtpLayout::Qwen, MtpLayout::DeepSeek, MtpLayout::Mimo] {
+        let fx = trunk(layout);
+        let head = HeadWeights::random(&fx, 5);
+        let key = announce(layout)
+            .as_object()
+            .unwrap()
+            .keys()
+            .next()
+            .unwrap()
+            .clone();
+        let one = checkpoint(layout, &fx, &head, json!({}));
+        let info = runner::inspect(one.path()).unwrap();
+        assert_eq!(
+            (info.mtp_layers_declared, info.mtp_layers_present),
+            (1, 1),
+            "{layout:?}"
+        );
+        // Three declared, one present: loaded (drafting needs only layer
+        // 0), counted, and the same head as when one is declared.
+        let three = checkpoint(layout, &fx, &head, json!({ key: 3 }));
+        let info = runner::inspect(three.path()).unwrap();
+        assert_eq!(
+            (
+                info.mtp_head,
+                info.mtp_layers_declared,
+                info.mtp_layers_present
+            ),
+            (true, 3, 1),
+            "{layout:?}"
+        );
+        // Two present: the second (a copy of layer 0 with other values)
+        // loads unused rather than failing as unknown tensors.
+        let config =
+            ModelConfig::from_json(&fx.config_json().to_string(), Path::new("config.json"))
+                .unwrap();
+        let (first, second) = (
+            layout.layer_prefix(&config, 0),
+            layout.layer_prefix(&config, 1),
+        );
+        let other = HeadWeights::random(&fx, 6).named(layout, &fx, None);
+        let extra: Vec<(String, Array)> = other
+            .into_iter()
+            .filter_map(|(n, a)| n.strip_prefix(&first).map(|r| (format!("{second}{r}"), a)))
+            .collect();
+        assert!(!extra.is_empty(), "{layout:?}");
+        let own_head = Rand::new(99).normal(&[fx.vocab as i32, fx.hidden as i32], 0.5, 0.0);
+        let two = tempfile::tempdir().unwrap();
+        let mut tensors = head.named(layout, &fx, Some(&own_head));
+        tensors.extend(extra);
+        write(two.path(), &fx, tensors, announce(layout));
+        let info = runner::inspect(two.path()).unwrap();
+        assert_eq!(info.mtp_layers_present, 2, "{layout:?}");
+        let ids = [9, 8, 7, 100, 101];
+        let want = head_logits(&common::load(one.path()), &ids);
+        for dir in [&three, &two] {
+            let d = common::max_abs_diff(&want, &head_logits(&common::load(dir.path()), &ids));
+            assert_eq!(d, 0.0, "{layout:?}");
+        }
+    }
+}
+
+#[test]
 fn zero_centred_norms_are_loaded_with_a_one_shift() {
     let fx = trunk(MtpLayout::Qwen);
     let head = HeadWeights::random(&fx, 21);

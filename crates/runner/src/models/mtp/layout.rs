@@ -53,6 +53,32 @@ impl MtpLayout {
         }
     }
 
+    /// How many MTP layers of this layout `names` hold: layers `0..n` each
+    /// with at least one tensor (`mtp.layers.{i}.*`, `model.layers.{N + i}.*`,
+    /// `model.mtp_layers.{i}.*`). The head drafts with layer 0 alone.
+    pub fn layers_present<'a>(
+        self,
+        config: &ModelConfig,
+        names: impl Iterator<Item = &'a str>,
+    ) -> usize {
+        let names: Vec<&str> = names.collect();
+        (0..)
+            .take_while(|&i| {
+                let p = self.layer_prefix(config, i);
+                names.iter().any(|n| n.starts_with(&p))
+            })
+            .count()
+    }
+
+    /// The prefix (with its trailing dot) of MTP layer `i`'s own tensors.
+    pub fn layer_prefix(self, config: &ModelConfig, i: usize) -> String {
+        match self {
+            MtpLayout::Qwen => format!("mtp.layers.{i}."),
+            MtpLayout::DeepSeek => format!("model.layers.{}.", config.num_hidden_layers + i),
+            MtpLayout::Mimo => format!("model.mtp_layers.{i}."),
+        }
+    }
+
     /// True when tensor or module `name` belongs to an MTP head of any layout.
     pub fn owns(name: &str, num_hidden_layers: usize) -> bool {
         Self::ALL
