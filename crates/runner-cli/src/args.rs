@@ -110,7 +110,13 @@ override them. Requests run one at a time in arrival order; when --queue-size
 are waiting, more get 429. SIGINT or SIGTERM stops accepting, lets the requests
 in flight finish (for at most --shutdown-timeout seconds, or until a second
 signal, then cancels them) and exits 0. The first line on stderr names the
-address (`--port 0` picks a free port).";
+address (`--port 0` picks a free port).
+
+A client has --read-timeout seconds to send a request's headers (on a
+keep-alive connection, counted from the previous response), then as long
+again for its body: a late head closes the connection, a late body gets 408.
+Generating and sending the response has no time limit. A client that shuts down its sending side after a
+whole request (`shutdown(SHUT_WR)`, `nc -N`) still gets its response.";
 
 /// `serve` options.
 #[derive(Debug, Args)]
@@ -141,6 +147,25 @@ pub(crate) struct ServeArgs {
     /// Seconds that in-flight requests may run after SIGINT/SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 30, value_name = "SECS")]
     pub shutdown_timeout: u64,
+    /// Seconds a client has to send a request's headers, and then its body
+    /// (1 to 3600); slower clients are cut off (a late body gets 408).
+    /// Generating and sending the response has no such limit.
+    #[arg(long, default_value_t = 30, value_name = "SECS", value_parser = parse_read_timeout)]
+    pub read_timeout: u64,
+}
+
+/// Longest `--read-timeout`: an hour is already far beyond any real client,
+/// and it keeps the deadlines far from `Instant`'s overflow.
+const MAX_READ_TIMEOUT: u64 = 3600;
+
+fn parse_read_timeout(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n) if (1..=MAX_READ_TIMEOUT).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "expected whole seconds from 1 to {MAX_READ_TIMEOUT} (default 30): the time a client \
+             has to send a request's headers, and then its body"
+        )),
+    }
 }
 
 /// `generate` options.

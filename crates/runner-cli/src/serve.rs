@@ -8,6 +8,8 @@
 //! the cached prefix (draft caches included).
 
 mod api;
+mod body;
+mod conn;
 mod engine;
 mod error;
 mod metrics;
@@ -44,10 +46,12 @@ pub(crate) fn run(a: ServeArgs) -> Result<u8> {
     let mut signals = rt.block_on(async { Signals::new() })?;
     let (engine, thread) = engine::start(config, Arc::clone(&metrics))?;
     let stopper = engine.stopper();
+    let read_timeout = Duration::from_secs(a.read_timeout);
     let state = routes::AppState {
         engine,
         metrics,
         max_body: a.max_body_bytes,
+        read_timeout,
         ids: Arc::new(AtomicU64::new(1)),
     };
     let grace = Duration::from_secs(a.shutdown_timeout);
@@ -84,14 +88,12 @@ pub(crate) fn run(a: ServeArgs) -> Result<u8> {
             stopper.abort_all();
         });
         let app = routes::router(state);
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = first_rx.await;
-            })
-            .await
-            .context("serving HTTP");
+        conn::serve(listener, app, read_timeout, async {
+            let _ = first_rx.await;
+        })
+        .await;
         watcher.abort();
-        result
+        anyhow::Ok(())
     });
     // The router (and with it every queue sender) is gone: the engine ends.
     let _ = thread.join();

@@ -69,6 +69,21 @@ impl ApiError {
         )
     }
 
+    /// 408: the body did not all come within `--read-timeout`.
+    pub(super) fn body_timeout(secs: u64) -> ApiError {
+        ApiError {
+            code: Some("request_timeout"),
+            ..ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!(
+                    "the request body did not arrive within {secs}s: send it at once, or start \
+                     the server with a larger --read-timeout"
+                ),
+            )
+        }
+    }
+
     /// 429: the queue is full.
     pub(super) fn queue_full(queue: usize) -> ApiError {
         ApiError {
@@ -141,6 +156,12 @@ impl IntoResponse for ApiError {
         if self.status == StatusCode::TOO_MANY_REQUESTS {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        // The rest of a late body may still be on its way: the connection
+        // cannot carry another request.
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         r
     }

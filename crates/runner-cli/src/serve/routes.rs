@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{Method, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
@@ -20,6 +19,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::api::{self, Endpoint, Head};
+use super::body::ReadBody;
 use super::engine::{Engine, Event, Outcome, Ticket};
 use super::error::ApiError;
 use super::metrics::Metrics;
@@ -33,6 +33,8 @@ pub(super) struct AppState {
     pub metrics: Arc<Metrics>,
     /// `--max-body-bytes`.
     pub max_body: usize,
+    /// `--read-timeout`, for the body (hyper's connection times the headers).
+    pub read_timeout: Duration,
     /// Numbers the response ids.
     pub ids: Arc<AtomicU64>,
 }
@@ -112,13 +114,13 @@ async fn metrics(State(s): State<AppState>) -> Response {
         .into_response()
 }
 
-async fn chat(State(s): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn chat(State(s): State<AppState>, ReadBody(body): ReadBody) -> Response {
     complete(s, body, Endpoint::Chat)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn completions(State(s): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn completions(State(s): State<AppState>, ReadBody(body): ReadBody) -> Response {
     complete(s, body, Endpoint::Completions)
         .await
         .unwrap_or_else(IntoResponse::into_response)
@@ -130,15 +132,7 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-async fn complete(
-    s: AppState,
-    body: Result<Bytes, BytesRejection>,
-    endpoint: Endpoint,
-) -> Result<Response, ApiError> {
-    let body = body.map_err(|r| match r.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(s.max_body),
-        _ => ApiError::bad_json(format!("cannot read the request body: {}", r.body_text())),
-    })?;
+async fn complete(s: AppState, body: Bytes, endpoint: Endpoint) -> Result<Response, ApiError> {
     let card = s.engine.card();
     let req = api::parse(&body, endpoint, &card.id)?;
     let prepared = s

@@ -2,10 +2,12 @@
 //! ephemeral loopback port (127.0.0.1:0) and `models/tiny-mtp`: the
 //! malformed-input table, the event-stream format, 16 concurrent clients,
 //! a client killed mid-stream, a multi-turn chat's prefix reuse against cold
-//! runs, `/metrics` against the responses, shutdown by signal, and the
-//! official `openai` Python client. Every loop is bounded in count and time.
+//! runs, `/metrics` against the responses, shutdown by signal, slow and
+//! half-closed clients on raw sockets, and the official `openai` Python
+//! client. Every loop is bounded in count and time.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpStream};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -798,4 +800,209 @@ fn the_openai_python_client_chats_with_and_without_streaming() {
     );
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("openai client: ok"), "{stdout}");
+}
+
+/// How long a raw-socket client waits for the server to answer or close:
+/// far above `--read-timeout 1`, far below a server that never times out.
+const RAW_PATIENCE: Duration = Duration::from_secs(20);
+
+/// A server with `--read-timeout 1` whose client opens a new connection per
+/// request: a pooled one idle for a second may be closed under its feet.
+fn impatient_server() -> Server {
+    let mut s = Server::start(&["--read-timeout", "1"]);
+    s.agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(PATIENCE))
+        .max_idle_connections(0)
+        .build()
+        .into();
+    s
+}
+
+/// A raw connection to `s`.
+fn raw(s: &Server) -> TcpStream {
+    TcpStream::connect(s.url.strip_prefix("http://").unwrap()).unwrap()
+}
+
+/// Sends `head`, then (with `trickle`) that byte every 100 ms until the
+/// server answers or closes; returns what it sent back once it closed, and
+/// how long after `head` that was. Panics after [`RAW_PATIENCE`].
+fn send_slowly(c: &mut TcpStream, head: &[u8], trickle: Option<u8>) -> (String, Duration) {
+    let t = Instant::now();
+    c.write_all(head).unwrap();
+    c.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0; 4096];
+    loop {
+        assert!(
+            t.elapsed() < RAW_PATIENCE,
+            "the server still holds the connection after {RAW_PATIENCE:?}; it sent `{}`",
+            String::from_utf8_lossy(&got)
+        );
+        match c.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                if let (Some(b), true) = (trickle, got.is_empty()) {
+                    // A write that fails means the server has closed: the
+                    // next read says how.
+                    let _ = c.write_all(&[b]);
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("reading the raw connection: {e}"),
+        }
+    }
+    (String::from_utf8_lossy(&got).into_owned(), t.elapsed())
+}
+
+/// A whole `POST path` request with a JSON body.
+fn raw_post(path: &str, body: &Value) -> Vec<u8> {
+    let body = body.to_string();
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+#[test]
+fn a_head_that_stalls_or_trickles_is_cut_off_after_the_read_timeout() {
+    let s = impatient_server();
+    let stalled_head: &[u8] = b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Ty";
+    let trickled_head: &[u8] = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: ";
+    let mut stalled = raw(&s);
+    let mut trickled = raw(&s);
+    let clients = [
+        std::thread::spawn(move || send_slowly(&mut stalled, stalled_head, None)),
+        std::thread::spawn(move || send_slowly(&mut trickled, trickled_head, Some(b'a'))),
+    ];
+    // Both hold their connections while a third client is served.
+    let (status, v) = s.post_json("/v1/completions", &json!({"prompt": "x", "max_tokens": 2}));
+    assert_eq!(status, 200, "{v}");
+    for (client, name) in clients.into_iter().zip(["stalled", "trickled"]) {
+        let (got, took) = client.join().unwrap();
+        // A late head is not answered: the connection is closed.
+        assert_eq!(got, "", "{name}");
+        assert!(
+            took >= Duration::from_millis(900),
+            "{name}: cut after {took:?}"
+        );
+    }
+}
+
+#[test]
+fn a_body_that_stalls_or_trickles_gets_408_after_the_read_timeout() {
+    let s = impatient_server();
+    let head = "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n\
+                Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"prompt\": ";
+    for trickle in [None, Some(b' ')] {
+        let (got, took) = send_slowly(&mut raw(&s), head.as_bytes(), trickle);
+        assert!(took >= Duration::from_millis(900), "{trickle:?}: {took:?}");
+        assert!(got.starts_with("HTTP/1.1 408"), "{trickle:?}: {got}");
+        assert!(got.contains("connection: close"), "{got}");
+        let (_, body) = got.split_once("\r\n\r\n").unwrap();
+        let v: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["error"]["code"], "request_timeout", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("--read-timeout"),
+            "{v}"
+        );
+    }
+    let key = "mtp_runner:http_requests_total{route=\"/v1/completions\",status=\"408\"}";
+    assert_eq!(s.metric(key), 2.0);
+    let (status, v) = s.post_json("/v1/completions", &json!({"prompt": "x", "max_tokens": 2}));
+    assert_eq!(status, 200, "{v}");
+}
+
+#[test]
+fn a_stream_that_outlives_the_read_timeout_is_not_cut() {
+    let s = impatient_server();
+    let t = Instant::now();
+    let body = json!({"prompt": "import os\n", "max_tokens": 1900,
+        "temperature": 0, "stream": true});
+    let chunks = s.stream("/v1/completions", &body).all();
+    let took = t.elapsed();
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "length", "{last}");
+    assert!(
+        took > Duration::from_secs(2),
+        "the stream took {took:?}: too short to outlive --read-timeout 1 and show anything; \
+         raise max_tokens"
+    );
+}
+
+#[test]
+fn a_client_that_closes_after_a_non_streaming_request_stops_its_decoding() {
+    let s = Server::start(&[]);
+    let long = json!({"prompt": "import os\n", "max_tokens": 1900, "temperature": 0});
+    // Closed for good, and only its sending side (a half-close, which TCP
+    // shows the server as the same EOF): both are taken for a client that
+    // is gone, so neither request keeps the engine for its 1,900 tokens.
+    for half in [false, true] {
+        let t = Instant::now();
+        while s.metric("mtp_runner:num_requests_running") > 0.0 {
+            assert!(t.elapsed() < PATIENCE, "the last request never ended");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut c = raw(&s);
+        c.write_all(&raw_post("/v1/completions", &long)).unwrap();
+        let waiting = s.metric("mtp_runner:request_success_total{finished_reason=\"cancelled\"}");
+        // Wait until the request runs, so the close lands during decoding.
+        let t = Instant::now();
+        while s.metric("mtp_runner:num_requests_running") < 1.0 {
+            assert!(t.elapsed() < PATIENCE, "the request never started");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if half {
+            c.shutdown(Shutdown::Write).unwrap();
+        } else {
+            drop(c);
+        }
+        let t = Instant::now();
+        while s.metric("mtp_runner:request_success_total{finished_reason=\"cancelled\"}")
+            < waiting + 1.0
+        {
+            assert!(t.elapsed() < PATIENCE, "half-close {half}: never cancelled");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let made = s.metric("mtp_runner:generation_tokens_total");
+    assert!(
+        made < 2.0 * 1900.0 * 0.5,
+        "{made} tokens for two cancelled requests"
+    );
+    // The server goes on serving.
+    let (status, v) = s.post_json(
+        "/v1/completions",
+        &json!({"prompt": "x", "max_tokens": 2, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{v}");
+}
+
+#[test]
+fn read_timeout_out_of_range_is_a_usage_error_naming_the_flag() {
+    let model = common::bundled("tiny-mtp");
+    for bad in ["0", "-1", "3601", "18446744073709551616", "1.5", "soon"] {
+        let out = common::check(
+            &[
+                "serve",
+                "--model",
+                model.to_str().unwrap(),
+                "--port",
+                "0",
+                "--read-timeout",
+                bad,
+            ],
+            2,
+            &["--read-timeout", "from 1 to 3600"],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("listening"), "{bad}: {err}");
+    }
 }
