@@ -270,3 +270,29 @@ fn info_reports_layouts_and_refuses_unsupported_architectures() {
         );
     }
 }
+
+#[test]
+fn a_tied_checkpoint_whose_own_head_differs_from_the_embedding_is_warned_about() {
+    // Qwen3 fixtures tie the unembedding to the embedding.
+    let fx = Fixture::new(Arch::Qwen3);
+    assert!(fx.tied);
+    let dir = fixture(&fx);
+    let path = dir.path().join("model.safetensors");
+    let stored = mlx_tensor::io::load_safetensors(&path).unwrap().tensors;
+    let embed = stored["model.embed_tokens.weight"].clone();
+    let differing = mlx_tensor::ops::full(&embed.shape(), 0.5, embed.dtype()).unwrap();
+    let warning = "tie_word_embeddings to false";
+    for (head, warned) in [(&embed, false), (&differing, true)] {
+        let mut tensors = stored.clone();
+        tensors.insert("lm_head.weight".to_owned(), head.clone());
+        mlx_tensor::io::save_safetensors(&path, tensors.iter().map(|(n, a)| (n.as_str(), a)))
+            .unwrap();
+        let out = check(
+            &generate_args(dir.path(), &["--prompt", "hi", "-n", "1"]),
+            0,
+            &[],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.contains(warning), warned, "{err}");
+    }
+}
