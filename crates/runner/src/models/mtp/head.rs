@@ -171,29 +171,7 @@ impl MtpHead {
         rope: &Rope,
         load_block: impl FnOnce(&mut Weights, &str, bool) -> Result<Rc<dyn HeadBlock>>,
     ) -> Result<MtpHead> {
-        // The head chains its first layer for every draft step (as it does
-        // with the one layer most checkpoints ship); the layers after it,
-        // which a serving engine would use for later steps, stay unread.
-        let present = layout.layers_present(c, w.all_names());
-        if c.mtp_layers > present {
-            tracing::warn!(
-                declared = c.mtp_layers,
-                present,
-                "config.json declares {} MTP layers but the checkpoint holds {present}; \
-                 drafting uses layer 0 (the config or the export may be wrong)",
-                c.mtp_layers
-            );
-        }
-        if present > 1 {
-            for i in 1..present {
-                w.discard_prefix(&layout.layer_prefix(c, i));
-            }
-            tracing::warn!(
-                present,
-                "the checkpoint holds {present} MTP layers; drafting chains layer 0 for \
-                 every step and leaves the others unused"
-            );
-        }
+        layers_beyond_the_first(layout, c, w);
         let names = layout.names(c);
         let h = c.hidden_size;
         let shift = zero_centred_norms(c);
@@ -491,6 +469,34 @@ impl HeadBlock for GatedLayer {
 
     fn quantized(&self, p: QuantParams) -> Result<Option<Rc<dyn HeadBlock>>> {
         Ok(Some(Rc::new(self.quantized_copy(p)?)))
+    }
+}
+
+/// Warns when the checkpoint's MTP layers are not the config's count, and
+/// drops the layers after the first unread: the head chains its first layer
+/// for every draft step (as it does with the one layer most checkpoints
+/// ship); the others, which a serving engine would use for later steps,
+/// are not used.
+fn layers_beyond_the_first(layout: MtpLayout, c: &ModelConfig, w: &mut Weights) {
+    let present = layout.layers_present(c, w.all_names());
+    if c.mtp_layers > present {
+        tracing::warn!(
+            declared = c.mtp_layers,
+            present,
+            "config.json declares {} MTP layers but the checkpoint holds {present}; \
+             drafting uses layer 0 (the config or the export may be wrong)",
+            c.mtp_layers
+        );
+    }
+    if present > 1 {
+        for i in 1..present {
+            w.discard_prefix(&layout.layer_prefix(c, i));
+        }
+        tracing::warn!(
+            present,
+            "the checkpoint holds {present} MTP layers; drafting chains layer 0 for \
+             every step and leaves the others unused"
+        );
     }
 }
 
