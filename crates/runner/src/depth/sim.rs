@@ -836,3 +836,150 @@ fn dear_first_rounds_at_a_depth_do_not_condemn_the_deeper_depths() {
         assert_auto_against_fixed(&tiny_h100_first_uses(jitter), 0.9, 1.15);
     }
 }
+
+/// Draft-match lengths of tiny-mtp (f32) over its plain greedy replies to
+/// the four spec-scale prompts as the benchmark encodes them (token 0
+/// first), 256 tokens each (`examples/accept-replay.rs` on the CPU): line
+/// `i` is prompt `i`'s `L(p)`, how many of six drafts from reply position
+/// `p` match the reply. A round at depth `d` from `p` accepts `min(d,
+/// L(p))`: real text, with its runs of easy tokens and its clustered
+/// misses, where the simulations above draw each draft on its own. So the
+/// conditional rates depend on the depth, as measured (the second draft is
+/// accepted 84% of the time at depth 2, 73% at depth 3, because where
+/// rounds start depends on the depth); replayed fixed depths commit 2.651,
+/// 3.103 and 3.461 tokens a round at depths 2-4 where the benchmark's
+/// fixed-depth runs committed 2.646, 3.094 and 3.436.
+const TINY_MTP_LENGTHS: &str = include_str!("tiny_mtp_lengths.jsonl");
+
+fn tiny_mtp_lengths() -> Vec<Vec<usize>> {
+    TINY_MTP_LENGTHS
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            serde_json::from_value(v["lengths"].clone()).unwrap()
+        })
+        .collect()
+}
+
+impl Sim {
+    /// One request over a reply whose draft-match lengths are `lengths`:
+    /// rounds from position 0 until the reply is committed. Returns the
+    /// tokens committed, the seconds spent and the depths chosen.
+    fn replay(
+        &self,
+        d: &mut DepthController,
+        lengths: &[usize],
+        rng: &mut SplitMix,
+        load: &mut f64,
+    ) -> (usize, f64, Vec<usize>) {
+        let (mut p, mut plain, mut seconds) = (0, 0, 0.0);
+        let mut picks = Vec::new();
+        while p < lengths.len() {
+            let k = d.choose(lengths.len() - p);
+            let accepted = k.min(lengths[p]);
+            let extra = if k > 0 {
+                self.catch_up * plain as f64
+            } else {
+                0.0
+            };
+            plain = if k == 0 { plain + 1 } else { 0 };
+            let fresh = 2.0 * rng.unit() - 1.0;
+            *load = self.drift * *load + (1.0 - self.drift * self.drift).sqrt() * fresh;
+            let t = (self.cost(k) + extra) * (1.0 + self.jitter * *load);
+            d.record(k, accepted, t);
+            seconds += t;
+            p += accepted + 1;
+            picks.push(k);
+        }
+        (p, seconds, picks)
+    }
+}
+
+/// Tokens per second of `policy` over sessions that run each reply of
+/// `replies` in turn (a request resumes what the one before it learned, as
+/// the benchmark's session does), seeds `1..=seeds`; and the depths chosen.
+fn replay_throughput(
+    sim: &Sim,
+    replies: &[Vec<usize>],
+    policy: DepthPolicy,
+    seeds: u64,
+) -> (f64, Vec<usize>) {
+    let (mut tokens, mut seconds) = (0, 0.0);
+    let mut all = Vec::new();
+    for seed in 1..=seeds {
+        let mut rng = SplitMix(seed);
+        let mut load = 0.0;
+        let mut learned = None;
+        for lengths in replies {
+            let mut d = DepthController::resume(policy, learned.as_ref());
+            let (t, s, picks) = sim.replay(&mut d, lengths, &mut rng, &mut load);
+            tokens += t;
+            seconds += s;
+            all.extend(picks);
+            learned = d.learned();
+        }
+    }
+    (tokens as f64 / seconds, all)
+}
+
+/// tiny-mtp (f32) on the 2-core CPU as `bench spec-scale` measured it at
+/// 839a69e (three passes over the four prompts, interleaved): a pipelined
+/// plain token 3.29 ms, fixed-depth rounds of 5.45, 7.05, 8.55 and 10.32 ms
+/// at depths 1-4; acceptance left to the replayed replies.
+fn tiny_mtp_cpu_replayed(jitter: f64) -> Sim {
+    Sim {
+        accept: vec![0.0; 6],
+        plain: 3.29e-3,
+        c0: 3.85e-3,
+        c1: 1.6e-3,
+        catch_up: 0.3e-3,
+        jitter,
+        drift: 0.7,
+        ..Sim::linear()
+    }
+}
+
+#[test]
+#[allow(clippy::print_stderr)]
+fn on_real_replies_auto_gets_near_the_best_fixed_depth() {
+    // Sessions of the four replies in turn, seeds 1..=10, against every
+    // fixed depth on the same seeds. Pass: auto within 5% of the best fixed
+    // depth (2) with quiet and with drifting ±30% timings; when written
+    // 0.996 and 0.962 (the benchmark's run of these replies: 0.947, so
+    // what it loses is mostly the timing noise). Control: the best depth
+    // beats both neighbours by over 2%, so the choice matters. Blending
+    // each depth's own committed tokens per round into the chain rule's
+    // estimate (8 pseudo-rounds of prior) got 0.943 on the replies of the
+    // prompts without token 0, against 0.978 without it, and failed four
+    // of the simulations above.
+    let replies = tiny_mtp_lengths();
+    assert_eq!(replies.len(), 4);
+    for jitter in [0.0, 0.3] {
+        let sim = tiny_mtp_cpu_replayed(jitter);
+        let fixed: Vec<f64> = (0..=6)
+            .map(|k| replay_throughput(&sim, &replies, DepthPolicy::Fixed(k), 10).0)
+            .collect();
+        let (auto, picks) = replay_throughput(&sim, &replies, DepthPolicy::default(), 10);
+        let best = (0..=6).fold(0, |b, k| if fixed[k] > fixed[b] { k } else { b });
+        let mut hist = [0usize; 7];
+        for k in picks {
+            hist[k] += 1;
+        }
+        eprintln!(
+            "jitter {jitter}: fixed {:?}, auto {auto:.2} = {:.3} of depth {best}; depths {hist:?}",
+            fixed
+                .iter()
+                .map(|f| (f * 100.0).round() / 100.0)
+                .collect::<Vec<_>>(),
+            auto / fixed[best]
+        );
+        assert!(
+            auto >= 0.95 * fixed[best],
+            "jitter {jitter}: {auto} vs {fixed:?}"
+        );
+        assert!(
+            fixed[best - 1].max(fixed[best + 1]) < 0.98 * fixed[best],
+            "control: {fixed:?}"
+        );
+    }
+}
