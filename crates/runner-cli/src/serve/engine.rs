@@ -647,10 +647,17 @@ impl<'m> Worker<'m> {
             Err(e) => {
                 let api = to_api_error(&e);
                 if api.is_server_error() {
-                    // The caches may be mid-update: start over from empty ones.
+                    // A session whose request failed midway has emptied its
+                    // caches (`Session::empty_after`); empty them here too
+                    // for a failure outside the session, keeping what the
+                    // auto depth controller learned, and free the prefix
+                    // cache (the failure may have been memory). A fresh
+                    // session only if even that fails.
                     tracing::error!("request failed: {e:#}");
                     self.cache.clear();
-                    if let Ok(s) = crate::open_session(&self.config.decode, self.model, self.draft)
+                    if self.session.rewind_to(0).is_err()
+                        && let Ok(s) =
+                            crate::open_session(&self.config.decode, self.model, self.draft)
                     {
                         self.session = s;
                     }
