@@ -522,12 +522,35 @@ fn parse_scaling(s: RopeScalingRaw, context: usize, path: &Path) -> Result<RopeS
     match kind.as_str() {
         "default" | "" => Ok(RopeScaling::None),
         "linear" => Ok(RopeScaling::Linear { factor }),
-        "llama3" => Ok(RopeScaling::Llama3 {
-            factor,
-            low_freq_factor: s.low_freq_factor.unwrap_or(1.0),
-            high_freq_factor: s.high_freq_factor.unwrap_or(4.0),
-            original_max_position_embeddings: s.original_max_position_embeddings.unwrap_or(8192),
-        }),
+        "llama3" => {
+            // `check_complete` has made sure all three are there.
+            let (Some(low), Some(high), Some(original)) = (
+                s.low_freq_factor,
+                s.high_freq_factor,
+                s.original_max_position_embeddings,
+            ) else {
+                return Err(bad("llama3 needs its parameters".into()));
+            };
+            // Llama 3 blends the two bands over `high - low`.
+            if high <= low {
+                return Err(bad(format!(
+                    "high_freq_factor {high} must be greater than low_freq_factor {low} \
+                     (Llama 3.1 uses 4 and 1)"
+                )));
+            }
+            if original == 0 {
+                return Err(bad(
+                    "original_max_position_embeddings must be at least 1 (Llama 3.1 uses 8192)"
+                        .into(),
+                ));
+            }
+            Ok(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_max_position_embeddings: original,
+            })
+        }
         "yarn" => yarn(&s, context, path),
         other => Err(bad(format!(
             "type `{other}` is not supported (supported: linear, llama3, yarn)"

@@ -146,6 +146,20 @@ fn unimplemented_config_keys_are_named() {
         ),
         ("rope_scaling", json!({"type": "yarn"}), "needs factor"),
         ("rope_scaling", json!({"factor": 2.0}), "without `type`"),
+        // Llama 3's bands blend over high - low: an empty or reversed band
+        // would divide by zero or blend backwards.
+        (
+            "rope_scaling",
+            json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+            "high_freq_factor 4 must be greater than low_freq_factor 4",
+        ),
+        (
+            "rope_scaling",
+            json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 0}),
+            "original_max_position_embeddings must be at least 1",
+        ),
     ];
     for (key, value, needle) in cases {
         let dir = common::write(&Fixture::new(Arch::Qwen3), 6);
