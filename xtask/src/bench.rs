@@ -192,14 +192,13 @@ pub(crate) fn stamped(row: Value, suite: &str, stamp: &Value, device: &Value) ->
     Value::Object(m)
 }
 
-/// `old` without the (machine, device, suite) groups that `new` brings, then `new`.
+/// `old` without the (machine, device, suite, shape, dtype, engine) groups
+/// that `new` brings, then `new`. The last three are absent (null) outside
+/// `spec-scale`, whose runs of some shapes, dtypes or engines (`--shapes
+/// tiny --engines ours`) so keep the others' rows.
 pub(crate) fn merge_rows(old: Vec<Value>, new: Vec<Value>) -> Vec<Value> {
     let key = |r: &Value| {
-        (
-            r["machine"].clone(),
-            r["device"].clone(),
-            r["suite"].clone(),
-        )
+        ["machine", "device", "suite", "shape", "dtype", "engine"].map(|k| r[k].clone())
     };
     let replaced: Vec<_> = new.iter().map(key).collect();
     old.into_iter()
@@ -563,7 +562,7 @@ mod tests {
     }
 
     #[test]
-    fn merging_replaces_only_the_same_machine_device_and_suite() {
+    fn merging_replaces_only_the_same_machine_device_suite_shape_dtype_and_engine() {
         let row = |m: &str, d: &str, s: &str, v: i32| json!({"machine": m, "device": d, "suite": s, "v": v});
         let old = vec![
             row("epyc", "cpu", "spec", 1),
@@ -573,6 +572,20 @@ mod tests {
         let merged = merge_rows(old, vec![row("epyc", "cpu", "spec", 10)]);
         let vs: Vec<i64> = merged.iter().map(|r| r["v"].as_i64().unwrap()).collect();
         assert_eq!(vs, [2, 3, 10]);
+        // spec-scale: a run of one shape, dtype and engine keeps the others.
+        let scale = |shape: &str, dtype: &str, engine: &str, v: i32| {
+            json!({"machine": "epyc", "device": "cpu", "suite": "spec-scale", "shape": shape,
+                   "dtype": dtype, "engine": engine, "v": v})
+        };
+        let old = vec![
+            scale("tiny", "f32", "mtp-runner", 1),
+            scale("tiny", "f32", "mlx-lm", 2),
+            scale("tiny", "bf16", "mtp-runner", 3),
+            scale("24l", "f32", "mtp-runner", 4),
+        ];
+        let merged = merge_rows(old, vec![scale("tiny", "f32", "mtp-runner", 10)]);
+        let vs: Vec<i64> = merged.iter().map(|r| r["v"].as_i64().unwrap()).collect();
+        assert_eq!(vs, [2, 3, 4, 10]);
     }
 
     #[test]

@@ -42,8 +42,9 @@
 //! * Greedy speculative output must equal plain output per shape in f32 (ours;
 //!   an error otherwise); in bf16 it is reported (`greedy_equal_plain`).
 //! * The rows (suite `spec-scale`) are merged into docs/bench/results.json (or
-//!   `--out`), replacing this machine's earlier spec-scale rows, and the report
-//!   is redrawn unless `--no-report`.
+//!   `--out`), replacing this machine's earlier spec-scale rows of the same
+//!   shape, dtype and engine (a run of `--shapes tiny` keeps the 24l rows),
+//!   and the report is redrawn unless `--no-report`.
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
