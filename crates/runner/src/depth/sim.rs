@@ -135,11 +135,7 @@ impl Sim {
                     .take(k)
                     .take_while(|&&a| rng.unit() < a)
                     .count();
-                // Unit-variance-preserving AR(1) mix; `drift` 0 is i.i.d. noise.
-                let fresh = 2.0 * rng.unit() - 1.0;
-                load = self.drift * load + (1.0 - self.drift * self.drift).sqrt() * fresh;
-                let noise = 1.0 + self.jitter * load;
-                let t = (self.cost(k) + extra) * noise;
+                let t = self.timed(self.cost(k) + extra, &mut rng, &mut load);
                 d.record(k, accepted, t);
                 tokens += accepted + 1;
                 seconds += t;
@@ -147,6 +143,17 @@ impl Sim {
             })
             .collect();
         (picks, tokens, seconds)
+    }
+}
+
+impl Sim {
+    /// `seconds` with this host's timing noise: `load` moves one AR(1) step
+    /// (a unit-variance-preserving mix; `drift` 0 is i.i.d. noise) and
+    /// scales it by `1 ± jitter`.
+    fn timed(&self, seconds: f64, rng: &mut SplitMix, load: &mut f64) -> f64 {
+        let fresh = 2.0 * rng.unit() - 1.0;
+        *load = self.drift * *load + (1.0 - self.drift * self.drift).sqrt() * fresh;
+        seconds * (1.0 + self.jitter * *load)
     }
 }
 
@@ -883,9 +890,7 @@ impl Sim {
                 0.0
             };
             plain = if k == 0 { plain + 1 } else { 0 };
-            let fresh = 2.0 * rng.unit() - 1.0;
-            *load = self.drift * *load + (1.0 - self.drift * self.drift).sqrt() * fresh;
-            let t = (self.cost(k) + extra) * (1.0 + self.jitter * *load);
+            let t = self.timed(self.cost(k) + extra, rng, load);
             d.record(k, accepted, t);
             seconds += t;
             p += accepted + 1;
