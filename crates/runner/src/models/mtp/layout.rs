@@ -70,6 +70,13 @@ impl MtpLayout {
             .count()
     }
 
+    /// Layer 0's prefix without its trailing dot: the layer the head drafts with.
+    fn layer_zero(self, config: &ModelConfig) -> String {
+        let mut p = self.layer_prefix(config, 0);
+        p.pop();
+        p
+    }
+
     /// The prefix (with its trailing dot) of MTP layer `i`'s own tensors.
     pub fn layer_prefix(self, config: &ModelConfig, i: usize) -> String {
         match self {
@@ -93,13 +100,13 @@ impl MtpLayout {
                 embed_norm: "mtp.pre_fc_norm_embedding.weight".into(),
                 hidden_norm: "mtp.pre_fc_norm_hidden.weight".into(),
                 proj: "mtp.fc".into(),
-                block: "mtp.layers.0".into(),
+                block: self.layer_zero(config),
                 final_norm: "mtp.norm.weight".into(),
                 head: None,
                 duplicate_embed: None,
             },
             MtpLayout::DeepSeek => {
-                let p = format!("model.layers.{}", config.num_hidden_layers);
+                let p = self.layer_zero(config);
                 Names {
                     embed_norm: format!("{p}.enorm.weight"),
                     hidden_norm: format!("{p}.hnorm.weight"),
@@ -111,7 +118,7 @@ impl MtpLayout {
                 }
             }
             MtpLayout::Mimo => {
-                let p = "model.mtp_layers.0".to_owned();
+                let p = self.layer_zero(config);
                 Names {
                     embed_norm: format!("{p}.token_layernorm.weight"),
                     hidden_norm: format!("{p}.hidden_layernorm.weight"),
