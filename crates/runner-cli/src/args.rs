@@ -115,8 +115,9 @@ address (`--port 0` picks a free port).
 A client has --read-timeout seconds to send a request's headers (on a
 keep-alive connection, counted from the previous response), then as long
 again for its body: a late head closes the connection, a late body gets 408.
-Generating and sending the response has no time limit. A client that shuts down its sending side after a
-whole request (`shutdown(SHUT_WR)`, `nc -N`) still gets its response.";
+Generating and sending the response has no time limit. A client that closes its connection cancels
+its request, and so does one that only shuts down its sending side (`shutdown(SHUT_WR)`, `nc -N`):
+the server sees the same end of input.";
 
 /// `serve` options.
 #[derive(Debug, Args)]
