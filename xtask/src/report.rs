@@ -654,8 +654,17 @@ mod tests {
             row("round-profile", "mtp", 1, 6.0),
             row("round-profile", "mtp", 3, 10.0),
         ];
+        let mut rows = rows;
+        let mut vs = row("auto-vs-best", "mtp", 0, 0.0);
+        vs["depth"] = "auto".into();
+        vs["ratio"] = 0.9612.into();
+        vs["best_depth"] = 3.into();
+        vs["interval90"] = json!([0.93, 0.991]);
+        vs["blocks"] = 40.into();
+        rows.push(vs);
         let md = render_into(&rows, &dir).unwrap();
         for want in [
+            "| moe | bf16 | 0.961 | 3 | 0.930–0.991 | 40 |",
             "| shape | dtype | rows | depth | round ms | draft ms | verify ms | verify ÷ plain step |",
             "| moe | bf16 | decode | 1 | 7.00 | 1.50 | 5.00 | 1.25 |",
             "| moe | bf16 | round-profile | 1 | 8.00 | 1.50 | 6.00 | 1.50 |",

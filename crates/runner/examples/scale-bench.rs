@@ -43,6 +43,13 @@
 //!   (host-side phases; see `runner::Phases`); `plain_phases_ms`: the plain
 //!   decoder's host time per token (build, dispatch, wait, emit; see
 //!   `runner::PlainPhases`), `null` when no token came from it.
+//!   `per_position_acceptance[i]` is the share of the rounds that drafted
+//!   position `i + 1` in which that draft was accepted (not the rate given
+//!   that the drafts before it were).
+//! * `kind: "auto-vs-best"` (with auto and a fixed depth among `--depths`):
+//!   `ratio`, auto's tokens/s over the best fixed depth's (`best_depth`), and
+//!   `interval90`, its 5th and 95th percentiles over 2,000 resamples of the
+//!   `blocks` request blocks, the best depth picked again in each.
 //! * `kind: "round-profile"`: each `--profile-depth` depth again with every
 //!   round synced per phase (`runner::set_profile_rounds`): `round_costs`
 //!   then holds device times of the draft, the verify forward and the
@@ -331,6 +338,9 @@ struct Case {
     spec: SpecStats,
     plain: runner::PlainPhases,
     outputs: Vec<Vec<u32>>,
+    /// Each request's timed tokens and decode seconds, in order: the timed
+    /// cases' `i`-th requests ran in the same block ([`auto_vs_best`]).
+    requests: Vec<(usize, f64)>,
 }
 
 impl Default for Case {
@@ -344,12 +354,17 @@ impl Default for Case {
             spec: SpecStats::new(runner::DraftMethod::Mtp),
             plain: runner::PlainPhases::default(),
             outputs: Vec::new(),
+            requests: Vec::new(),
         }
     }
 }
 
 impl Case {
     fn add(&mut self, g: Generation) {
+        self.requests.push((
+            g.stats.generated_tokens.saturating_sub(1),
+            g.stats.decode_time.as_secs_f64(),
+        ));
         self.decode += g.stats.decode_time;
         self.prefill += g.stats.prefill_time;
         self.timed_tokens += g.stats.generated_tokens.saturating_sub(1);
@@ -382,6 +397,68 @@ impl Case {
         }
         self.outputs.push(g.token_ids);
     }
+}
+
+/// Auto's tokens/s over the best fixed drafting depth's in the interleaved
+/// run, with a 90 % interval from resampling its request blocks (`None`
+/// without auto and a fixed depth). A block is one prompt run by every case
+/// in turn, so the host's drift falls on all of them alike; resampling
+/// whole blocks keeps that pairing, and picking the best depth again in
+/// each resample counts the edge that the best of several noisy depths
+/// gets by luck. The figure says how far one run's ratio can be trusted.
+fn auto_vs_best(timed: &[(&str, DepthPolicy)], sums: &[Case]) -> Option<Value> {
+    let auto = timed
+        .iter()
+        .position(|t| matches!(t.1, DepthPolicy::Auto { .. }))?;
+    let fixed: Vec<usize> = (0..timed.len())
+        .filter(|&i| timed[i].0 == "mtp" && matches!(timed[i].1, DepthPolicy::Fixed(_)))
+        .collect();
+    let blocks = sums.iter().map(|c| c.requests.len()).min()?;
+    if fixed.is_empty() || blocks == 0 {
+        return None;
+    }
+    // Auto over the best fixed depth, over the blocks `picks` (with repeats).
+    let ratio = |picks: &mut dyn Iterator<Item = usize>| -> (f64, usize) {
+        let mut tps = vec![(0usize, 0.0f64); sums.len()];
+        for b in picks {
+            for (t, c) in tps.iter_mut().zip(sums) {
+                t.0 += c.requests[b].0;
+                t.1 += c.requests[b].1;
+            }
+        }
+        let rate = |i: usize| tps[i].0 as f64 / tps[i].1.max(f64::MIN_POSITIVE);
+        let best = fixed
+            .iter()
+            .copied()
+            .max_by(|&a, &b| rate(a).total_cmp(&rate(b)))
+            .expect("a fixed depth");
+        (rate(auto) / rate(best), best)
+    };
+    let (whole, best) = ratio(&mut (0..blocks));
+    // SplitMix64, seeded: the same rows give the same interval.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let mut draws: Vec<f64> = (0..2000)
+        .map(|_| {
+            let picks: Vec<usize> = (0..blocks)
+                .map(|_| (next() % blocks as u64) as usize)
+                .collect();
+            ratio(&mut picks.into_iter()).0
+        })
+        .collect();
+    draws.sort_by(f64::total_cmp);
+    let at = |q: f64| draws[((draws.len() - 1) as f64 * q).round() as usize];
+    Some(json!({
+        "kind": "auto-vs-best", "method": "mtp", "depth": "auto",
+        "ratio": whole, "best_depth": depth_json(timed[best].1),
+        "interval90": [at(0.05), at(0.95)], "blocks": blocks,
+    }))
 }
 
 /// Mean per-round costs in ms (`null` without drafted rounds).
@@ -654,6 +731,9 @@ fn main() -> Res<()> {
         last_block = Some(block_start.elapsed());
     }
     drop(sessions);
+    if let Some(v) = auto_vs_best(&timed, &sums) {
+        emit(&row(v))?;
+    }
     let plain = &sums[0].outputs;
     for ((method, depth), c) in timed.iter().copied().zip(&sums) {
         emit(&row(decode_row(

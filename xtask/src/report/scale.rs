@@ -81,6 +81,42 @@ fn plain_of<'a>(rows: &[&'a Value], r: &Value) -> Option<&'a Value> {
     })
 }
 
+/// The table of auto against the best fixed depth with its interval over
+/// the run's request blocks (`auto-vs-best` rows; nothing without them).
+fn auto_vs_best(md: &mut String, all: &[&Value]) {
+    let mut rows: Vec<&Value> = all
+        .iter()
+        .copied()
+        .filter(|r| r["kind"] == "auto-vs-best")
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    rows.sort_by_key(|r| (shape_rank(s(r, "shape")), s(r, "dtype").to_owned()));
+    let _ = writeln!(
+        md,
+        "\nAuto against the best fixed depth of the same run (ours): tokens/s over tokens/s, and a 90 % \
+         interval from resampling the run's request blocks (one prompt run by every case in turn), \
+         picking the best depth again in each resample. An interval this wide is the timing noise of \
+         the run, not a difference between the depths.\n\n\
+         | shape | dtype | auto ÷ best fixed | best fixed depth | 90 % interval | request blocks |\n\
+         | --- | --- | --- | --- | --- | --- |"
+    );
+    for r in rows {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {}–{} | {} |",
+            s(r, "shape"),
+            s(r, "dtype"),
+            f(&r["ratio"], 3),
+            depth_text(&r["best_depth"]),
+            f(&r["interval90"][0], 3),
+            f(&r["interval90"][1], 3),
+            r["blocks"],
+        );
+    }
+}
+
 /// Appends the spec-scale tables and plots of `g` (nothing when it has no such rows).
 // Long: one report section: its tables in order.
 pub(super) fn section(md: &mut String, g: &Group<'_>, dir: &Path, slug: &str) -> Result<()> {
@@ -140,6 +176,7 @@ pub(super) fn section(md: &mut String, g: &Group<'_>, dir: &Path, slug: &str) ->
             f(&r["ttft_ms"], 1),
         );
     }
+    auto_vs_best(md, &all);
     let ttft: Vec<&Value> = all
         .iter()
         .copied()
