@@ -435,22 +435,10 @@ fn auto_vs_best(timed: &[(&str, DepthPolicy)], sums: &[Case]) -> Option<Value> {
         (rate(auto) / rate(best), best)
     };
     let (whole, best) = ratio(&mut (0..blocks));
-    // SplitMix64, seeded: the same rows give the same interval.
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
+    // Seeded: the same rows give the same interval.
+    let mut rng = fastrand::Rng::with_seed(0x5eed);
     let mut draws: Vec<f64> = (0..2000)
-        .map(|_| {
-            let picks: Vec<usize> = (0..blocks)
-                .map(|_| (next() % blocks as u64) as usize)
-                .collect();
-            ratio(&mut picks.into_iter()).0
-        })
+        .map(|_| ratio(&mut (0..blocks).map(|_| rng.usize(..blocks))).0)
         .collect();
     draws.sort_by(f64::total_cmp);
     let at = |q: f64| draws[((draws.len() - 1) as f64 * q).round() as usize];
