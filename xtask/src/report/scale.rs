@@ -97,8 +97,8 @@ fn auto_vs_best(md: &mut String, all: &[&Value]) {
         md,
         "\nAuto against the best fixed depth of the same run (ours): tokens/s over tokens/s, and a 90 % \
          interval from resampling the run's request blocks (one prompt run by every case in turn), \
-         picking the best depth again in each resample. An interval this wide is the timing noise of \
-         the run, not a difference between the depths.\n\n\
+         picking the best depth again in each resample: the spread that the run's timing noise alone \
+         gives the ratio.\n\n\
          | shape | dtype | auto ÷ best fixed | best fixed depth | 90 % interval | request blocks |\n\
          | --- | --- | --- | --- | --- | --- |"
     );

@@ -175,9 +175,7 @@ impl Sim {
         }
         seconds * (1.0 + self.jitter * load.0 + self.slow * load.1)
     }
-}
 
-impl Sim {
     /// The seconds the controller records for a round of noiseless cost
     /// `cost` that took `seconds`.
     fn observed(&self, cost: f64, seconds: f64) -> f64 {
