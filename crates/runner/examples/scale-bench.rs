@@ -331,24 +331,21 @@ fn generate(
 
 /// Sums of one case over the prompts.
 struct Case {
-    decode: Duration,
     prefill: Duration,
-    timed_tokens: usize,
     generated: usize,
     spec: SpecStats,
     plain: runner::PlainPhases,
     outputs: Vec<Vec<u32>>,
-    /// Each request's timed tokens and decode seconds, in order: the timed
-    /// cases' `i`-th requests ran in the same block ([`auto_vs_best`]).
+    /// Each request's timed tokens (after its first) and decode seconds, in
+    /// order: the case's totals, and the timed cases' `i`-th requests ran in
+    /// the same block ([`auto_vs_best`]).
     requests: Vec<(usize, f64)>,
 }
 
 impl Default for Case {
     fn default() -> Case {
         Case {
-            decode: Duration::ZERO,
             prefill: Duration::ZERO,
-            timed_tokens: 0,
             generated: 0,
             // The method is not reported from here; the sums are.
             spec: SpecStats::new(runner::DraftMethod::Mtp),
@@ -365,9 +362,7 @@ impl Case {
             g.stats.generated_tokens.saturating_sub(1),
             g.stats.decode_time.as_secs_f64(),
         ));
-        self.decode += g.stats.decode_time;
         self.prefill += g.stats.prefill_time;
-        self.timed_tokens += g.stats.generated_tokens.saturating_sub(1);
         self.generated += g.stats.generated_tokens;
         let (p, q) = (&mut self.plain, &g.stats.plain);
         p.tokens += q.tokens;
@@ -485,7 +480,8 @@ fn decode_row(
     tokens: usize,
 ) -> Value {
     let requests = c.outputs.len();
-    let decode_s = c.decode.as_secs_f64();
+    let decode_s: f64 = c.requests.iter().map(|r| r.1).sum();
+    let timed_tokens: usize = c.requests.iter().map(|r| r.0).sum();
     let speculative = method != "off";
     let first = divergence(plain, &c.outputs);
     let s = &c.spec;
@@ -496,8 +492,8 @@ fn decode_row(
             let [b, d, w, e] = c.plain.per_token_ms();
             json!({"tokens": c.plain.tokens, "build": b, "dispatch": d, "wait": w, "emit": e})
         }),
-        "tokens_per_s": if decode_s > 0.0 { c.timed_tokens as f64 / decode_s } else { 0.0 },
-        "step_ms": if c.timed_tokens > 0 { decode_s * 1e3 / c.timed_tokens as f64 } else { 0.0 },
+        "tokens_per_s": if decode_s > 0.0 { timed_tokens as f64 / decode_s } else { 0.0 },
+        "step_ms": if timed_tokens > 0 { decode_s * 1e3 / timed_tokens as f64 } else { 0.0 },
         "mean_accepted_length": if speculative && s.rounds > 0 { s.mean_accepted_length() } else { 1.0 },
         "acceptance_rate": s.acceptance_rate(),
         "per_position_acceptance": s.per_position_acceptance(),

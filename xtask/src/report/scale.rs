@@ -81,14 +81,15 @@ fn plain_of<'a>(rows: &[&'a Value], r: &Value) -> Option<&'a Value> {
     })
 }
 
+/// The rows of `all` whose `kind` is `kind`.
+fn of_kind<'a>(all: &[&'a Value], kind: &str) -> Vec<&'a Value> {
+    all.iter().copied().filter(|r| r["kind"] == kind).collect()
+}
+
 /// The table of auto against the best fixed depth with its interval over
 /// the run's request blocks (`auto-vs-best` rows; nothing without them).
 fn auto_vs_best(md: &mut String, all: &[&Value]) {
-    let mut rows: Vec<&Value> = all
-        .iter()
-        .copied()
-        .filter(|r| r["kind"] == "auto-vs-best")
-        .collect();
+    let mut rows: Vec<&Value> = of_kind(all, "auto-vs-best");
     if rows.is_empty() {
         return;
     }
@@ -121,11 +122,7 @@ fn auto_vs_best(md: &mut String, all: &[&Value]) {
 // Long: one report section: its tables in order.
 pub(super) fn section(md: &mut String, g: &Group<'_>, dir: &Path, slug: &str) -> Result<()> {
     let all: Vec<&Value> = g.suite("spec-scale").collect();
-    let mut decode: Vec<&Value> = all
-        .iter()
-        .copied()
-        .filter(|r| r["kind"] == "decode")
-        .collect();
+    let mut decode: Vec<&Value> = of_kind(&all, "decode");
     if decode.is_empty() {
         return Ok(());
     }
@@ -177,11 +174,7 @@ pub(super) fn section(md: &mut String, g: &Group<'_>, dir: &Path, slug: &str) ->
         );
     }
     auto_vs_best(md, &all);
-    let ttft: Vec<&Value> = all
-        .iter()
-        .copied()
-        .filter(|r| r["kind"] == "ttft")
-        .collect();
+    let ttft: Vec<&Value> = of_kind(&all, "ttft");
     if !ttft.is_empty() {
         let _ = writeln!(
             md,
