@@ -27,7 +27,8 @@
 //! without: 0.967 / 0.966 under fast drifting noise (±30 %, lag-one 0.7),
 //! 0.972 / 0.961, 0.979 / 0.973 and 0.969 / 0.964 with slow spells as
 //! well, 0.955 / 0.960 under independent ±50 % noise. On the CPU bench
-//! (tiny f32, 10 passes, runs in the order off, on, on, off) auto spent
+//! (tiny f32, 10 passes, runs in the order off, on, on, off; on with a slow
+//! persistence of 0.95) auto spent
 //! 249 and 601 of about 3,500 rounds at depths 4-6 with it against 1,006
 //! and 661 without; its throughput over the best fixed depth (0.996 and
 //! 0.974 against 0.980 and 1.056) was inside the runs' noise.
