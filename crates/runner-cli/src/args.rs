@@ -145,8 +145,9 @@ pub(crate) struct ServeArgs {
     /// Start every request from empty caches (no prefix reuse across requests).
     #[arg(long)]
     pub no_prefix_reuse: bool,
-    /// Seconds that in-flight requests may run after SIGINT/SIGTERM before they are cancelled.
-    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    /// Seconds that in-flight requests may run after SIGINT/SIGTERM before
+    /// they are cancelled (0 to 86400; 0 cancels them at once).
+    #[arg(long, default_value_t = 30, value_name = "SECS", value_parser = parse_shutdown_timeout)]
     pub shutdown_timeout: u64,
     /// Seconds a client has to send a request's headers, and then its body
     /// (1 to 3600); slower clients are cut off (a late body gets 408).
@@ -165,6 +166,19 @@ fn parse_read_timeout(s: &str) -> Result<u64, String> {
         _ => Err(format!(
             "expected whole seconds from 1 to {MAX_READ_TIMEOUT} (default 30): the time a client \
              has to send a request's headers, and then its body"
+        )),
+    }
+}
+
+/// Longest `--shutdown-timeout`: a day, far beyond any request's decoding.
+const MAX_SHUTDOWN_TIMEOUT: u64 = 86_400;
+
+fn parse_shutdown_timeout(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n) if n <= MAX_SHUTDOWN_TIMEOUT => Ok(n),
+        _ => Err(format!(
+            "expected whole seconds from 0 to {MAX_SHUTDOWN_TIMEOUT} (default 30): how long \
+             requests in flight may run after SIGINT/SIGTERM"
         )),
     }
 }
@@ -392,4 +406,24 @@ fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
         .filter(|b| b.is_finite())
         .ok_or_else(|| format!("`{bias}` is not a finite number"))?;
     Ok((id, bias))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_out_of_range_are_refused_with_the_range() {
+        assert_eq!(parse_shutdown_timeout("0"), Ok(0));
+        assert_eq!(parse_shutdown_timeout("86400"), Ok(86_400));
+        for bad in ["86401", "-1", "1e9", "18446744073709551616", ""] {
+            let e = parse_shutdown_timeout(bad).unwrap_err();
+            assert!(e.contains("from 0 to 86400"), "{bad}: {e}");
+        }
+        assert_eq!(parse_read_timeout("1"), Ok(1));
+        for bad in ["0", "3601"] {
+            let e = parse_read_timeout(bad).unwrap_err();
+            assert!(e.contains("from 1 to 3600"), "{bad}: {e}");
+        }
+    }
 }
