@@ -655,6 +655,16 @@ mod tests {
             row("round-profile", "mtp", 3, 10.0),
         ];
         let mut rows = rows;
+        // Auto's rounds priced at the fixed rounds' costs: plain 4 ms,
+        // depth 1 7 ms and depth 3 11 ms measured, depths 2 and 4 on their
+        // line (9 and 13 ms): 20 tokens in 4 + 2·7 + 11 + 13 = 42 ms, over
+        // the best fixed depth's 2 tokens in 7 ms: 1.667.
+        rows.push(row("decode", "mtp", 3, 9.0));
+        let mut auto = row("decode", "mtp", 0, 0.0);
+        auto["depth"] = "auto".into();
+        auto["depth_histogram"] = json!([1, 2, 0, 1, 1]);
+        auto["generated_tokens"] = 20.into();
+        rows.push(auto);
         let mut vs = row("auto-vs-best", "mtp", 0, 0.0);
         vs["depth"] = "auto".into();
         vs["ratio"] = 0.9612.into();
@@ -664,7 +674,7 @@ mod tests {
         rows.push(vs);
         let md = render_into(&rows, &dir).unwrap();
         for want in [
-            "| moe | bf16 | 0.961 | 3 | 0.930–0.991 | 40 |",
+            "| moe | bf16 | 0.961 | 3 | 0.930–0.991 | 40 | 1.667 |",
             "| shape | dtype | rows | depth | round ms | draft ms | verify ms | verify ÷ plain step |",
             "| moe | bf16 | decode | 1 | 7.00 | 1.50 | 5.00 | 1.25 |",
             "| moe | bf16 | round-profile | 1 | 8.00 | 1.50 | 6.00 | 1.50 |",

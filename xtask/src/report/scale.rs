@@ -86,6 +86,57 @@ fn of_kind<'a>(all: &[&'a Value], kind: &str) -> Vec<&'a Value> {
     all.iter().copied().filter(|r| r["kind"] == kind).collect()
 }
 
+/// Auto's choices priced at the fixed depths' round costs, over the best
+/// fixed depth at its own: auto's tokens over the time its rounds would have
+/// taken at the mean round time of the same depth's fixed run (plain rounds
+/// at the plain run's step; depths without a fixed run extrapolated along
+/// the last two), against the best of the fixed depths' tokens a round over
+/// their round time. The timing noise between the cases of a run (whose
+/// rounds ran at different moments of a drifting host) drops out; what is
+/// left is how well auto chose its depths. `None` without the rows it needs.
+fn priced_at_fixed_costs(all: &[&Value], vs: &Value) -> Option<f64> {
+    let same = |r: &&&Value| {
+        r["kind"] == "decode"
+            && r["engine"] == "mtp-runner"
+            && r["shape"] == vs["shape"]
+            && r["dtype"] == vs["dtype"]
+    };
+    let decode: Vec<&Value> = all.iter().filter(same).copied().collect();
+    let auto = decode.iter().find(|r| r["depth"] == "auto")?;
+    let plain = decode.iter().find(|r| r["depth"] == 0)?["step_ms"].as_f64()?;
+    // (depth, tokens a round, round ms) of each fixed drafting depth.
+    let mut fixed: Vec<(usize, f64, f64)> = decode
+        .iter()
+        .filter_map(|r| {
+            let d = usize::try_from(r["depth"].as_u64().filter(|&d| d > 0)?).ok()?;
+            let round = r["round_costs"]["round_ms"].as_f64()?;
+            Some((d, r["mean_accepted_length"].as_f64()?, round))
+        })
+        .collect();
+    fixed.sort_by_key(|x| x.0);
+    let best = fixed.iter().map(|x| x.1 / x.2).fold(f64::NAN, f64::max);
+    let round_ms = |d: usize| -> Option<f64> {
+        if d == 0 {
+            return Some(plain);
+        }
+        if let Some(x) = fixed.iter().find(|x| x.0 == d) {
+            return Some(x.2);
+        }
+        let [.., a, b] = fixed.as_slice() else {
+            return None;
+        };
+        Some(b.2 + (d as f64 - b.0 as f64) * (b.2 - a.2) / (b.0 - a.0) as f64)
+    };
+    let hist = auto["depth_histogram"].as_array()?;
+    let mut ms = 0.0;
+    for (d, n) in hist.iter().enumerate() {
+        ms += n.as_f64()? * round_ms(d)?;
+    }
+    let tokens = auto["generated_tokens"].as_f64()?;
+    let ratio = tokens / ms / best;
+    ratio.is_finite().then_some(ratio)
+}
+
 /// The table of auto against the best fixed depth with its interval over
 /// the run's request blocks (`auto-vs-best` rows; nothing without them).
 fn auto_vs_best(md: &mut String, all: &[&Value]) {
@@ -99,14 +150,19 @@ fn auto_vs_best(md: &mut String, all: &[&Value]) {
         "\nAuto against the best fixed depth of the same run (ours): tokens/s over tokens/s, and a 90 % \
          interval from resampling the run's request blocks (one prompt run by every case in turn), \
          picking the best depth again in each resample: the spread that the run's timing noise alone \
-         gives the ratio.\n\n\
-         | shape | dtype | auto ÷ best fixed | best fixed depth | 90 % interval | request blocks |\n\
-         | --- | --- | --- | --- | --- | --- |"
+         gives the ratio. The last column prices auto's rounds at the fixed runs' mean round time of \
+         each depth and compares tokens a round over round time: the cases' timing noise drops out \
+         and what is left is how well auto chose.\n\n\
+         | shape | dtype | auto ÷ best fixed | best fixed depth | 90 % interval | request blocks | \
+         at the fixed rounds' costs |\n\
+         | --- | --- | --- | --- | --- | --- | --- |"
     );
     for r in rows {
+        let priced =
+            priced_at_fixed_costs(all, r).map_or_else(|| "–".to_owned(), |p| format!("{p:.3}"));
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {}–{} | {} |",
+            "| {} | {} | {} | {} | {}–{} | {} | {priced} |",
             s(r, "shape"),
             s(r, "dtype"),
             f(&r["ratio"], 3),
