@@ -7,14 +7,6 @@
 //! line through depths 1 and 6, which kept auto off its best depths), and
 //! the median alone chases noise on a depth sampled a few times.
 //!
-//! Samples are kept with the host's drift taken out (`depth/speed.rs`):
-//! each is divided by the host's slowness predicted for its round, so the
-//! windows of depths measured at different times (the choice's fresh
-//! rounds, a neighbour's probes long ago) compare as if measured together.
-//! Without it a slow spell while at one depth made every stale window look
-//! cheaper, and auto left its best depth for depths 4-6 for whole requests
-//! on the shared CPU.
-//!
 //! Depth 0 runs the pipelined plain loop (the next forward is dispatched
 //! before the host reads the current token), so it is its own measurement and
 //! not a point of the line: a drafted round always waits for its forward.
@@ -23,8 +15,6 @@
 //! drafting resumes, a cost per plain token that speculation-off would not pay.
 
 use std::collections::VecDeque;
-
-use super::speed::Speed;
 
 /// A sample over this many times its window's median is a stall.
 pub(crate) const STALL_FACTOR: f64 = 3.0;
@@ -127,9 +117,6 @@ pub(crate) struct CostModel {
     /// Decayed sums of catch-up excess seconds and of the plain tokens they
     /// caught up on: their ratio weighs a long stretch above a one-token probe.
     upkeep: (f64, f64),
-    /// The host's drifting speed: samples are kept divided by the
-    /// slowness predicted for their round, medians given at the slowness now.
-    speed: Speed,
 }
 
 /// Per-catch-up decay of the upkeep sums.
@@ -151,27 +138,16 @@ impl CostModel {
         CostModel {
             samples: vec![Window::new(window); max + 1],
             upkeep: (0.0, 0.0),
-            speed: Speed::new(max),
         }
     }
 
-    /// Records a depth-`depth` round that took `seconds`: kept divided by
-    /// the host's slowness predicted for the round ([`Speed`]).
+    /// Records a depth-`depth` round that took `seconds`.
     pub(crate) fn observe(&mut self, depth: usize, seconds: f64) {
         if seconds <= 0.0 {
             return;
         }
-        // A stall, or a nearly free pipelined token, goes into the window
-        // (whose median shrugs it off) but not into the host's speed.
-        let outlier = self
-            .median(depth)
-            .is_some_and(|m| seconds > STALL_FACTOR * m || seconds * STALL_FACTOR < m);
-        let slow = self.speed.log_slowness_next();
         if let Some(s) = self.samples.get_mut(depth) {
-            s.push(seconds * (-slow).exp());
-        }
-        if !outlier {
-            self.speed.observe(depth, seconds);
+            s.push(seconds);
         }
     }
 
@@ -205,10 +181,9 @@ impl CostModel {
         self.samples.get(depth).map_or(0, Window::len)
     }
 
-    /// The median wall time of `depth` at the host's speed now, if measured.
+    /// The median wall time of `depth`, if measured.
     pub(crate) fn median(&self, depth: usize) -> Option<f64> {
-        let w = self.samples.get(depth)?;
-        Some(w.median()? * self.speed.log_slowness().exp())
+        self.samples.get(depth)?.median()
     }
 
     /// `(c0, c1)` of a drafted round's cost `c0 + c1·d`: a weighted least
@@ -314,46 +289,15 @@ mod tests {
             c.observe(1, s);
         }
         // The 1 s stall (over 3× the median) is left out: the median of
-        // the other three (within 1%: the host's speed moves a little with
-        // the 10% spread of the others).
-        let m = c.median(1).unwrap();
-        assert!((m / 0.010 - 1.0).abs() < 0.01, "{m}");
+        // the other three.
+        assert_eq!(c.median(1), Some(0.010));
         // Nearly free samples (a pipelined token already computed) are not
         // the yardstick: the typical 6 ms samples stay.
         let mut c = CostModel::new(2, WINDOW);
         for s in [0.006, 0.0005, 0.006, 0.0061, 0.0004] {
             c.observe(0, s);
         }
-        let m = c.median(0).unwrap();
-        assert!((m / 0.006 - 1.0).abs() < 0.01, "{m}");
-    }
-
-    /// Depth 2 with depth 1 every fourth round (10 and 12 ms, ±3%), then
-    /// 40 rounds of depth 2 alone in a slow spell (1.3×): depth 1's
-    /// modelled cost over depth 2's.
-    fn after_a_slow_spell(speed: Speed) -> f64 {
-        let mut c = CostModel::new(2, WINDOW);
-        c.speed = speed;
-        let jitter = |i: usize| 1.0 + 0.03 * [0.0, 1.0, -1.0][i % 3];
-        for i in 0..60 {
-            let d = if i % 4 == 0 { 1 } else { 2 };
-            c.observe(d, (0.008 + 0.002 * d as f64) * jitter(i));
-        }
-        for i in 0..40 {
-            c.observe(2, 0.012 * 1.3 * jitter(i));
-        }
-        c.median(1).unwrap() / c.median(2).unwrap()
-    }
-
-    #[test]
-    fn a_slow_spell_at_one_depth_does_not_make_the_others_look_cheap() {
-        // Within 5% of 10/12 = 0.833 (0.79 when written: the filter lets
-        // the depths' own costs take a little of a long spell); taking the
-        // host as steady, depth 1's stale window looks 1.3× cheaper (0.64).
-        let ratio = after_a_slow_spell(Speed::new(2));
-        assert!((ratio / (10.0 / 12.0) - 1.0).abs() < 0.05, "{ratio}");
-        let steady = after_a_slow_spell(Speed::with(2, false));
-        assert!(steady < 0.7, "control: {steady}");
+        assert_eq!(c.median(0), Some(0.006));
     }
 
     #[test]
@@ -363,10 +307,7 @@ mod tests {
             c.observe(1, s);
         }
         assert_eq!(c.count(1), 3);
-        // The host's speed takes a bounded share of a fivefold change (its
-        // innovations are clipped to the quiet noise): 0.92 when written.
-        let m = c.median(1).unwrap();
-        assert!((m - 1.0).abs() < 0.1, "{m}");
+        assert_eq!(c.median(1), Some(1.0));
     }
 
     #[test]
