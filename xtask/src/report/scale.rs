@@ -92,8 +92,9 @@ fn of_kind<'a>(all: &[&'a Value], kind: &str) -> Vec<&'a Value> {
 /// at the plain run's step; depths without a fixed run extrapolated along
 /// the last two), against the best of the fixed depths' tokens a round over
 /// their round time. The timing noise between the cases of a run (whose
-/// rounds ran at different moments of a drifting host) drops out; what is
-/// left is how well auto chose its depths. `None` without the rows it needs.
+/// rounds ran at different moments of a drifting host) mostly drops out;
+/// what is left is how well auto chose its depths, measured against fixed
+/// rows that keep their own noise. `None` without the rows it needs.
 fn priced_at_fixed_costs(all: &[&Value], vs: &Value) -> Option<f64> {
     let same = |r: &&&Value| {
         r["kind"] == "decode"
@@ -151,8 +152,9 @@ fn auto_vs_best(md: &mut String, all: &[&Value]) {
          interval from resampling the run's request blocks (one prompt run by every case in turn), \
          picking the best depth again in each resample: the spread that the run's timing noise alone \
          gives the ratio. The last column prices auto's rounds at the fixed runs' mean round time of \
-         each depth and compares tokens a round over round time: the cases' timing noise drops out \
-         and what is left is how well auto chose.\n\n\
+         each depth and compares tokens a round over round time: the timing noise between the cases \
+         (run at different moments of a drifting host) mostly drops out, and what is left is how well \
+         auto chose (the fixed rows' own noise stays).\n\n\
          | shape | dtype | auto ÷ best fixed | best fixed depth | 90 % interval | request blocks | \
          at the fixed rounds' costs |\n\
          | --- | --- | --- | --- | --- | --- | --- |"
