@@ -655,15 +655,24 @@ mod tests {
             row("round-profile", "mtp", 3, 10.0),
         ];
         let mut rows = rows;
-        // Auto's rounds priced at the fixed rounds' costs: plain 4 ms,
-        // depth 1 7 ms and depth 3 11 ms measured, depths 2 and 4 on their
-        // line (9 and 13 ms): 20 tokens in 4 + 2·7 + 11 + 13 = 42 ms, over
-        // the best fixed depth's 2 tokens in 7 ms: 1.667.
-        rows.push(row("decode", "mtp", 3, 9.0));
+        // Auto's rounds priced at the fixed cases' costs. Every case: 30
+        // timed tokens (33 over 3 requests) at 50 tokens/s, 0.6 s; plain
+        // 0.02 s a token, depth 1 0.06 s a round (10 rounds), depth 3 0.1
+        // (6 rounds), depths 2 and 4 on their line (0.08, 0.12). Auto's
+        // rounds: 0.02 + 2 · 0.06 + 0.1 + 0.12 = 0.36 s for 30 tokens,
+        // over the best fixed depth's 50 tokens/s: 1.667.
+        for r in rows.iter_mut() {
+            r["generated_tokens"] = 33.into();
+            r["depth_histogram"] = json!([0, 10]);
+        }
+        let mut d3 = row("decode", "mtp", 3, 9.0);
+        d3["generated_tokens"] = 33.into();
+        d3["depth_histogram"] = json!([0, 0, 0, 6]);
+        rows.push(d3);
         let mut auto = row("decode", "mtp", 0, 0.0);
         auto["depth"] = "auto".into();
         auto["depth_histogram"] = json!([1, 2, 0, 1, 1]);
-        auto["generated_tokens"] = 20.into();
+        auto["generated_tokens"] = 33.into();
         rows.push(auto);
         let mut vs = row("auto-vs-best", "mtp", 0, 0.0);
         vs["depth"] = "auto".into();
@@ -671,10 +680,19 @@ mod tests {
         vs["best_depth"] = 3.into();
         vs["interval90"] = json!([0.93, 0.991]);
         vs["blocks"] = 40.into();
+        // Without scale-bench's own priced figure (runs before session
+        // 31): priced here from the decode rows. With it: shown with its
+        // interval (an f32 row, whose decode rows are absent).
+        let mut own = vs.clone();
+        own["dtype"] = "f32".into();
+        own["priced"] = 0.981.into();
+        own["priced_interval90"] = json!([0.97, 0.99]);
         rows.push(vs);
+        rows.push(own);
         let md = render_into(&rows, &dir).unwrap();
         for want in [
             "| moe | bf16 | 0.961 | 3 | 0.930–0.991 | 40 | 1.667 |",
+            "| moe | f32 | 0.961 | 3 | 0.930–0.991 | 40 | 0.981 (0.970–0.990) |",
             "| shape | dtype | rows | depth | round ms | draft ms | verify ms | verify ÷ plain step |",
             "| moe | bf16 | decode | 1 | 7.00 | 1.50 | 5.00 | 1.25 |",
             "| moe | bf16 | round-profile | 1 | 8.00 | 1.50 | 6.00 | 1.50 |",

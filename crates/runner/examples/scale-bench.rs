@@ -49,7 +49,12 @@
 //! * `kind: "auto-vs-best"` (with auto and a fixed depth among `--depths`):
 //!   `ratio`, auto's tokens/s over the best fixed depth's (`best_depth`), and
 //!   `interval90`, its 5th and 95th percentiles over 2,000 resamples of the
-//!   `blocks` request blocks, the best depth picked again in each.
+//!   `blocks` request blocks, the best depth picked again in each;
+//!   `priced` and `priced_interval90`, the same with auto's rounds priced
+//!   at the fixed cases' seconds a round of each depth (plain's a token;
+//!   other depths on the line through the two deepest): the timing noise
+//!   between the cases mostly drops out, leaving the quality of auto's
+//!   choices (`null` where a depth auto ran cannot be priced).
 //! * `kind: "round-profile"`: each `--profile-depth` depth again with every
 //!   round synced per phase (`runner::set_profile_rounds`): `round_costs`
 //!   then holds device times of the draft, the verify forward and the
@@ -336,10 +341,19 @@ struct Case {
     spec: SpecStats,
     plain: runner::PlainPhases,
     outputs: Vec<Vec<u32>>,
-    /// Each request's timed tokens (after its first) and decode seconds, in
-    /// order: the case's totals, and the timed cases' `i`-th requests ran in
-    /// the same block ([`auto_vs_best`]).
-    requests: Vec<(usize, f64)>,
+    /// Each request in order: the case's totals, and the timed cases'
+    /// `i`-th requests ran in the same block ([`auto_vs_best`]).
+    requests: Vec<Request>,
+}
+
+/// One request of a case.
+struct Request {
+    /// Timed tokens (after the first) and their decode seconds.
+    tokens: usize,
+    seconds: f64,
+    /// Rounds at each depth (`[0]`: plain rounds; a plain request's are its
+    /// timed tokens).
+    rounds: Vec<usize>,
 }
 
 impl Default for Case {
@@ -358,10 +372,15 @@ impl Default for Case {
 
 impl Case {
     fn add(&mut self, g: Generation) {
-        self.requests.push((
-            g.stats.generated_tokens.saturating_sub(1),
-            g.stats.decode_time.as_secs_f64(),
-        ));
+        let tokens = g.stats.generated_tokens.saturating_sub(1);
+        self.requests.push(Request {
+            tokens,
+            seconds: g.stats.decode_time.as_secs_f64(),
+            rounds: g
+                .speculation
+                .as_ref()
+                .map_or_else(|| vec![tokens], SpecStats::depth_histogram),
+        });
         self.prefill += g.stats.prefill_time;
         self.generated += g.stats.generated_tokens;
         let (p, q) = (&mut self.plain, &g.stats.plain);
@@ -412,13 +431,19 @@ fn auto_vs_best(timed: &[(&str, DepthPolicy)], sums: &[Case]) -> Option<Value> {
     if fixed.is_empty() || blocks == 0 {
         return None;
     }
-    // Auto over the best fixed depth, over the blocks `picks` (with repeats).
-    let ratio = |picks: &mut dyn Iterator<Item = usize>| -> (f64, usize) {
-        let mut tps = vec![(0usize, 0.0f64); sums.len()];
+    // Auto over the best fixed depth, measured and priced, over the blocks
+    // `picks` (with repeats).
+    let ratio = |picks: &mut dyn Iterator<Item = usize>| -> (f64, Option<f64>, usize) {
+        let mut tps = vec![(0usize, 0.0f64, Vec::<usize>::new()); sums.len()];
         for b in picks {
             for (t, c) in tps.iter_mut().zip(sums) {
-                t.0 += c.requests[b].0;
-                t.1 += c.requests[b].1;
+                let r = &c.requests[b];
+                t.0 += r.tokens;
+                t.1 += r.seconds;
+                if t.2.len() < r.rounds.len() {
+                    t.2.resize(r.rounds.len(), 0);
+                }
+                t.2.iter_mut().zip(&r.rounds).for_each(|(a, n)| *a += n);
             }
         }
         let rate = |i: usize| tps[i].0 as f64 / tps[i].1.max(f64::MIN_POSITIVE);
@@ -427,21 +452,68 @@ fn auto_vs_best(timed: &[(&str, DepthPolicy)], sums: &[Case]) -> Option<Value> {
             .copied()
             .max_by(|&a, &b| rate(a).total_cmp(&rate(b)))
             .expect("a fixed depth");
-        (rate(auto) / rate(best), best)
+        // A round's seconds at each depth from the fixed cases (plain from
+        // the plain case), and auto's rounds priced at them.
+        let mut at: Vec<(usize, f64)> = (0..timed.len())
+            .filter_map(|i| {
+                let DepthPolicy::Fixed(d) = timed[i].1 else {
+                    return None;
+                };
+                let n: usize = tps[i].2.iter().sum();
+                (n > 0).then(|| (d, tps[i].1 / n as f64))
+            })
+            .collect();
+        at.sort_by_key(|x| x.0);
+        at.dedup_by_key(|x| x.0);
+        let priced = priced_seconds(&at, &tps[auto].2)
+            .map(|s| tps[auto].0 as f64 / s / rate(best))
+            .filter(|r| r.is_finite());
+        (rate(auto) / rate(best), priced, best)
     };
-    let (whole, best) = ratio(&mut (0..blocks));
+    let (whole, priced, best) = ratio(&mut (0..blocks));
     // Seeded: the same rows give the same interval.
     let mut rng = fastrand::Rng::with_seed(0x5eed);
-    let mut draws: Vec<f64> = (0..2000)
-        .map(|_| ratio(&mut (0..blocks).map(|_| rng.usize(..blocks))).0)
-        .collect();
-    draws.sort_by(f64::total_cmp);
-    let at = |q: f64| draws[((draws.len() - 1) as f64 * q).round() as usize];
+    let (mut draws, mut priced_draws): (Vec<f64>, Vec<f64>) = (Vec::new(), Vec::new());
+    for _ in 0..2000 {
+        let (r, p, _) = ratio(&mut (0..blocks).map(|_| rng.usize(..blocks)));
+        draws.push(r);
+        priced_draws.extend(p);
+    }
+    let interval = |mut v: Vec<f64>| {
+        if v.is_empty() {
+            return Value::Null;
+        }
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        json!([at(0.05), at(0.95)])
+    };
     Some(json!({
         "kind": "auto-vs-best", "method": "mtp", "depth": "auto",
         "ratio": whole, "best_depth": depth_json(timed[best].1),
-        "interval90": [at(0.05), at(0.95)], "blocks": blocks,
+        "interval90": interval(draws), "blocks": blocks,
+        "priced": priced, "priced_interval90": interval(priced_draws),
     }))
+}
+
+/// The seconds auto's `rounds` (per depth) would have taken at `at`'s
+/// seconds a round (`(depth, seconds)` by depth, plain's per token; depths
+/// not in it on the line through the two deepest there). `None` if `at`
+/// has fewer than two depths and auto ran one it lacks.
+fn priced_seconds(at: &[(usize, f64)], rounds: &[usize]) -> Option<f64> {
+    let mut sum = 0.0;
+    for (d, &n) in rounds.iter().enumerate().filter(|x| *x.1 > 0) {
+        let s = match at.iter().find(|x| x.0 == d) {
+            Some(x) => x.1,
+            None => {
+                let [.., a, b] = at else {
+                    return None;
+                };
+                b.1 + (d as f64 - b.0 as f64) * (b.1 - a.1) / (b.0 - a.0) as f64
+            }
+        };
+        sum += n as f64 * s;
+    }
+    Some(sum)
 }
 
 /// Mean per-round costs in ms (`null` without drafted rounds).
@@ -480,8 +552,8 @@ fn decode_row(
     tokens: usize,
 ) -> Value {
     let requests = c.outputs.len();
-    let decode_s: f64 = c.requests.iter().map(|r| r.1).sum();
-    let timed_tokens: usize = c.requests.iter().map(|r| r.0).sum();
+    let decode_s: f64 = c.requests.iter().map(|r| r.seconds).sum();
+    let timed_tokens: usize = c.requests.iter().map(|r| r.tokens).sum();
     let speculative = method != "off";
     let first = divergence(plain, &c.outputs);
     let s = &c.spec;

@@ -86,15 +86,16 @@ fn of_kind<'a>(all: &[&'a Value], kind: &str) -> Vec<&'a Value> {
     all.iter().copied().filter(|r| r["kind"] == kind).collect()
 }
 
-/// Auto's choices priced at the fixed depths' round costs, over the best
-/// fixed depth at its own: auto's tokens over the time its rounds would have
-/// taken at the mean round time of the same depth's fixed run (plain rounds
-/// at the plain run's step; depths without a fixed run extrapolated along
-/// the last two), against the best of the fixed depths' tokens a round over
-/// their round time. The timing noise between the cases of a run (whose
-/// rounds ran at different moments of a drifting host) mostly drops out;
-/// what is left is how well auto chose its depths, measured against fixed
-/// rows that keep their own noise. `None` without the rows it needs.
+/// Auto's choices priced at the fixed cases' costs, as scale-bench prices
+/// them (its `priced` field, from session 31 on; this recomputes it from the
+/// decode rows of older runs): auto's timed tokens over the seconds its
+/// rounds would have taken at each fixed case's seconds a round (plain's
+/// a token; depths without a case on the line through the two deepest),
+/// over the best fixed depth's tokens/s. The timing noise between the cases
+/// of a run (whose rounds ran at different moments of a drifting host)
+/// mostly drops out; what is left is how well auto chose its depths,
+/// against fixed rows that keep their own noise. `None` without the rows
+/// it needs.
 fn priced_at_fixed_costs(all: &[&Value], vs: &Value) -> Option<f64> {
     let same = |r: &&&Value| {
         r["kind"] == "decode"
@@ -103,38 +104,49 @@ fn priced_at_fixed_costs(all: &[&Value], vs: &Value) -> Option<f64> {
             && r["dtype"] == vs["dtype"]
     };
     let decode: Vec<&Value> = all.iter().filter(same).copied().collect();
-    let auto = decode.iter().find(|r| r["depth"] == "auto")?;
-    let plain = decode.iter().find(|r| r["depth"] == 0)?["step_ms"].as_f64()?;
-    // (depth, tokens a round, round ms) of each fixed drafting depth.
-    let mut fixed: Vec<(usize, f64, f64)> = decode
-        .iter()
-        .filter_map(|r| {
-            let d = usize::try_from(r["depth"].as_u64().filter(|&d| d > 0)?).ok()?;
-            let round = r["round_costs"]["round_ms"].as_f64()?;
-            Some((d, r["mean_accepted_length"].as_f64()?, round))
-        })
-        .collect();
-    fixed.sort_by_key(|x| x.0);
-    let best = fixed.iter().map(|x| x.1 / x.2).fold(f64::NAN, f64::max);
-    let round_ms = |d: usize| -> Option<f64> {
-        if d == 0 {
-            return Some(plain);
-        }
-        if let Some(x) = fixed.iter().find(|x| x.0 == d) {
-            return Some(x.2);
-        }
-        let [.., a, b] = fixed.as_slice() else {
-            return None;
-        };
-        Some(b.2 + (d as f64 - b.0 as f64) * (b.2 - a.2) / (b.0 - a.0) as f64)
+    // Timed tokens (after each request's first) and their decode seconds.
+    let timed = |r: &Value| -> Option<(f64, f64)> {
+        let t = r["generated_tokens"].as_f64()? - r["prompts"].as_f64()?;
+        Some((t, t / r["tokens_per_s"].as_f64().filter(|&x| x > 0.0)?))
     };
-    let hist = auto["depth_histogram"].as_array()?;
-    let mut ms = 0.0;
-    for (d, n) in hist.iter().enumerate() {
-        ms += n.as_f64()? * round_ms(d)?;
+    let rounds = |r: &Value| -> Option<Vec<f64>> {
+        r["depth_histogram"]
+            .as_array()?
+            .iter()
+            .map(Value::as_f64)
+            .collect()
+    };
+    // (depth, seconds a round) of each fixed case, plain's a token.
+    let mut at: Vec<(usize, f64)> = Vec::new();
+    let mut best = f64::NAN;
+    for r in &decode {
+        let Some(d) = r["depth"].as_u64().and_then(|d| usize::try_from(d).ok()) else {
+            continue;
+        };
+        let (t, secs) = timed(r)?;
+        let n = if d == 0 { t } else { rounds(r)?.iter().sum() };
+        at.push((d, secs / n));
+        if d > 0 {
+            best = best.max(r["tokens_per_s"].as_f64()?);
+        }
     }
-    let tokens = auto["generated_tokens"].as_f64()?;
-    let ratio = tokens / ms / best;
+    at.sort_by_key(|x| x.0);
+    at.dedup_by_key(|x| x.0);
+    let auto = decode.iter().find(|r| r["depth"] == "auto")?;
+    let mut secs = 0.0;
+    for (d, n) in rounds(auto)?.into_iter().enumerate().filter(|x| x.1 > 0.0) {
+        let s = match at.iter().find(|x| x.0 == d) {
+            Some(x) => x.1,
+            None => {
+                let [.., a, b] = at.as_slice() else {
+                    return None;
+                };
+                b.1 + (d as f64 - b.0 as f64) * (b.1 - a.1) / (b.0 - a.0) as f64
+            }
+        };
+        secs += n * s;
+    }
+    let ratio = timed(auto)?.0 / secs / best;
     ratio.is_finite().then_some(ratio)
 }
 
@@ -152,16 +164,23 @@ fn auto_vs_best(md: &mut String, all: &[&Value]) {
          interval from resampling the run's request blocks (one prompt run by every case in turn), \
          picking the best depth again in each resample: the spread that the run's timing noise alone \
          gives the ratio. The last column prices auto's rounds at the fixed runs' mean round time of \
-         each depth and compares tokens a round over round time: the timing noise between the cases \
-         (run at different moments of a drifting host) mostly drops out, and what is left is how well \
-         auto chose (the fixed rows' own noise stays).\n\n\
+         each depth and compares tokens a round over round time, with its interval where the run \
+         gives one: the timing noise between the cases (run at different moments of a drifting host) \
+         mostly drops out, and what is left is how well auto chose (the fixed rows' own noise \
+         stays).\n\n\
          | shape | dtype | auto ÷ best fixed | best fixed depth | 90 % interval | request blocks | \
          at the fixed rounds' costs |\n\
          | --- | --- | --- | --- | --- | --- | --- |"
     );
     for r in rows {
-        let priced =
-            priced_at_fixed_costs(all, r).map_or_else(|| "–".to_owned(), |p| format!("{p:.3}"));
+        // scale-bench's own figure with its interval (from 31 on), else
+        // one priced from the run's decode rows.
+        let priced = match (r["priced"].as_f64(), r["priced_interval90"].as_array()) {
+            (Some(p), Some(i)) => format!("{p:.3} ({}–{})", f(&i[0], 3), f(&i[1], 3)),
+            _ => {
+                priced_at_fixed_costs(all, r).map_or_else(|| "–".to_owned(), |p| format!("{p:.3}"))
+            }
+        };
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {}–{} | {} | {priced} |",
