@@ -97,13 +97,12 @@ fn of_kind<'a>(all: &[&'a Value], kind: &str) -> Vec<&'a Value> {
 /// against fixed rows that keep their own noise. `None` without the rows
 /// it needs.
 fn priced_at_fixed_costs(all: &[&Value], vs: &Value) -> Option<f64> {
-    let same = |r: &&&Value| {
-        r["kind"] == "decode"
-            && r["engine"] == "mtp-runner"
-            && r["shape"] == vs["shape"]
-            && r["dtype"] == vs["dtype"]
-    };
-    let decode: Vec<&Value> = all.iter().filter(same).copied().collect();
+    let decode: Vec<&Value> = of_kind(all, "decode")
+        .into_iter()
+        .filter(|r| {
+            r["engine"] == "mtp-runner" && r["shape"] == vs["shape"] && r["dtype"] == vs["dtype"]
+        })
+        .collect();
     // Timed tokens (after each request's first) and their decode seconds.
     let timed = |r: &Value| -> Option<(f64, f64)> {
         let t = r["generated_tokens"].as_f64()? - r["prompts"].as_f64()?;
@@ -163,11 +162,11 @@ fn auto_vs_best(md: &mut String, all: &[&Value]) {
         "\nAuto against the best fixed depth of the same run (ours): tokens/s over tokens/s, and a 90 % \
          interval from resampling the run's request blocks (one prompt run by every case in turn), \
          picking the best depth again in each resample: the spread that the run's timing noise alone \
-         gives the ratio. The last column prices auto's rounds at the fixed runs' mean round time of \
-         each depth and compares tokens a round over round time, with its interval where the run \
-         gives one: the timing noise between the cases (run at different moments of a drifting host) \
-         mostly drops out, and what is left is how well auto chose (the fixed rows' own noise \
-         stays).\n\n\
+         gives the ratio. The last column prices each of auto's rounds at the seconds a round of the \
+         fixed case of its depth (plain's a token) and divides auto's tokens over that time by the \
+         best fixed depth's tokens/s, with its interval where the run gives one: the timing noise \
+         between the cases (run at different moments of a drifting host) mostly drops out, and what \
+         is left is how well auto chose (the fixed rows' own noise stays).\n\n\
          | shape | dtype | auto ÷ best fixed | best fixed depth | 90 % interval | request blocks | \
          at the fixed rounds' costs |\n\
          | --- | --- | --- | --- | --- | --- | --- |"

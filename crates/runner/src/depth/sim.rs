@@ -987,7 +987,9 @@ fn on_real_replies_auto_gets_near_the_best_fixed_depth() {
     // 0.960 at --passes 10): held to 0.935 until a cost model that sees
     // through slow spells exists. Dropping samples older than 64-256
     // rounds did not (0.951-0.966) and failed the settled-plain
-    // simulations. Control: the best depth
+    // simulations; a Kalman filter for the host's speed (session 31,
+    // docs/gpu.md open check 11) got 0.964 here and 0.967-0.979 over 40
+    // seeds, but nothing on the CPU bench's priced figure, and was reverted. Control: the best depth
     // beats both neighbours by over 2%, so the choice matters. Blending
     // each depth's own committed tokens per round into the chain rule's
     // estimate (8 pseudo-rounds of prior) got 0.943 on the replies of the
