@@ -2,7 +2,13 @@
 //!
 //! `bench spec-scale [--shapes tiny,24l] [--dtypes bf16,f32] [--tokens 256] [--prompts 3]
 //! [--budget-s S] [--stage-cap-s S] [--work DIR] [--rows FILE] [--engines ours,mlx-lm]
-//! [--mlx-lm-plain] [--passes N] [--out FILE] [--no-report]`
+//! [--mlx-lm-plain] [--passes N] [--depths auto,4,3,2,1] [--out FILE] [--no-report]`
+//!
+//! `--depths` (ours only; default `auto,4,3,2,1`) sets the drafting depths
+//! ours times besides plain: `auto,6,5,4,3,2,1` gives every depth the auto
+//! controller may choose (at most 6) its own fixed case, so the
+//! `auto-vs-best` row prices auto's deep rounds at their measured cost
+//! rather than on the line through the two deepest fixed depths.
 //!
 //! `--passes N` (default 1) runs ours N times over the prompts; its cases run
 //! interleaved request by request either way (see the runner example
@@ -86,6 +92,8 @@ struct Opts {
     /// mlx-lm plain only (`--mlx-lm-plain`).
     mlx_lm_plain: bool,
     passes: usize,
+    /// The drafting depths ours times besides plain (`--depths`).
+    depths: Option<String>,
     /// Shapes whose runs of ours log the auto controller's rounds to the log
     /// (`--trace-depth tiny,8b`: `RUST_LOG=runner::depth=trace`).
     trace_depth: Vec<String>,
@@ -120,6 +128,7 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
         report: true,
         mlx_lm_plain: false,
         passes: 1,
+        depths: None,
         trace_depth: Vec::new(),
     };
     let mut it = args.iter();
@@ -139,6 +148,7 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
             "--no-report" => o.report = false,
             "--mlx-lm-plain" => o.mlx_lm_plain = true,
             "--trace-depth" => o.trace_depth = list(val()?),
+            "--depths" => o.depths = Some(depths(val()?)?),
             "--passes" => {
                 o.passes = val()?.parse().context("--passes: a whole number")?;
                 if o.passes == 0 {
@@ -147,7 +157,7 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
             }
             other => bail!(
                 "unknown spec-scale option `{other}` (known: --shapes, --dtypes, --tokens, --prompts, \
-                 --budget-s, --stage-cap-s, --work, --rows, --engines, --mlx-lm-plain, --passes, --trace-depth, --out, --no-report)"
+                 --budget-s, --stage-cap-s, --work, --rows, --engines, --mlx-lm-plain, --passes, --depths, --trace-depth, --out, --no-report)"
             ),
         }
     }
@@ -167,6 +177,18 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
         bail!("spec-scale: --prompts takes 1 to {}", all.len());
     }
     Ok(o)
+}
+
+/// `--depths`: `auto` and depths 1 to 16, comma-separated, at least one.
+fn depths(v: &str) -> Result<String> {
+    let items: Vec<&str> = v.split(',').map(str::trim).collect();
+    for d in &items {
+        let ok = *d == "auto" || d.parse::<usize>().is_ok_and(|n| (1..=16).contains(&n));
+        if !ok {
+            bail!("--depths: `{d}` is not `auto` or a depth from 1 to 16 (e.g. auto,6,5,4,3,2,1)");
+        }
+    }
+    Ok(items.join(","))
 }
 
 /// A named upscale of tiny-mtp.
@@ -399,6 +421,9 @@ fn run_with(o: &Opts, device: &Value) -> Result<Vec<Value>> {
         let mut c = if st.engine == "ours" {
             args.extend(ours_extra(&st.shape));
             args.extend(["--passes".into(), o.passes.to_string()]);
+            if let Some(d) = &o.depths {
+                args.extend(["--depths".into(), d.clone()]);
+            }
             let mut c = bins::command(SCALE_BENCH, &args)?;
             if o.trace_depth.contains(&st.shape) {
                 c.env("RUST_LOG", "runner::depth=trace");
@@ -701,6 +726,23 @@ mod tests {
             .map(|s| format!("{}/{}", s.shape, s.dtype))
             .collect();
         assert_eq!(got, ["1.7b/bf16", "8b/bf16", "1.7b/f32", "8b/f32"]);
+    }
+
+    #[test]
+    fn depths_pass_through_checked_and_bad_ones_are_named() {
+        let with = |v: &str| parse(&["--depths".into(), v.into()], true);
+        assert_eq!(
+            with(" auto, 6,5 ,1").unwrap().depths.as_deref(),
+            Some("auto,6,5,1")
+        );
+        assert_eq!(parse(&[], true).unwrap().depths, None);
+        for bad in ["auto,0", "auto,17", "auto,,2", "deep", ""] {
+            let e = format!("{:#}", with(bad).unwrap_err());
+            assert!(
+                e.contains("--depths") && e.contains("1 to 16"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]
