@@ -348,33 +348,44 @@ fn canvas<'a>(
     Ok(rest)
 }
 
-/// x position of a depth: 1..4 as numbers, `auto` at 5.
-fn depth_x(d: &Value) -> Option<f64> {
+/// Where `auto` sits on a depth axis: one past the deepest fixed depth among
+/// `rows` (at least 4, so older runs keep their axis).
+fn auto_x(rows: &[&Value]) -> f64 {
+    rows.iter()
+        .filter_map(|r| r["depth"].as_u64())
+        .fold(4, u64::max) as f64
+        + 1.0
+}
+
+/// x position of a depth: fixed depths as numbers, `auto` at `auto_at`.
+fn depth_x(d: &Value, auto_at: f64) -> Option<f64> {
     match d {
-        Value::String(s) if s == "auto" => Some(5.0),
+        Value::String(s) if s == "auto" => Some(auto_at),
         other => other.as_f64(),
     }
 }
 
-/// The axes of a tokens/s-against-depth plot on `area`: depths 1..4 and
-/// `auto` across, tokens/s up to `ymax`.
+/// The axes of a tokens/s-against-depth plot on `area`: depths 1 up to
+/// `auto_at - 1`, then `auto`, across; tokens/s up to `ymax`.
 fn depth_chart<'a, 'b>(
     area: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
     ymax: f64,
+    auto_at: f64,
 ) -> Result<Chart<'a, 'b>> {
     let mut chart = ChartBuilder::on(area)
         .margin(16)
         .x_label_area_size(40)
         .y_label_area_size(64)
-        .build_cartesian_2d(0.5f64..5.5f64, 0f64..ymax)
+        .build_cartesian_2d(0.5f64..auto_at + 0.5, 0f64..ymax)
         .map_err(pe)?;
+    let auto = auto_at.round() as i64;
     chart
         .configure_mesh()
         .x_desc("draft tokens per round (depth)")
         .y_desc("decode tokens/s")
-        .x_labels(5)
+        .x_labels(auto as usize)
         .x_label_formatter(&|x| match x.round() as i64 {
-            5 => "auto".into(),
+            n if n == auto => "auto".into(),
             n => n.to_string(),
         })
         .label_style(("sans-serif", 14))
@@ -392,7 +403,8 @@ fn plot_depth(spec: &[&Value], path: &Path, g: &Group<'_>) -> Result<()> {
         .fold(1.0f64, f64::max)
         * 1.15;
     let area = canvas(path, "tokens/s against draft depth", g)?;
-    let mut chart = depth_chart(&area, ymax)?;
+    let auto_at = auto_x(spec);
+    let mut chart = depth_chart(&area, ymax, auto_at)?;
     let mut methods: Vec<&str> = base.iter().filter_map(|r| r["method"].as_str()).collect();
     methods.dedup();
     for (i, m) in methods.iter().enumerate() {
@@ -400,11 +412,11 @@ fn plot_depth(spec: &[&Value], path: &Path, g: &Group<'_>) -> Result<()> {
         let mut pts: Vec<(f64, f64)> = base
             .iter()
             .filter(|r| r["method"] == *m)
-            .filter_map(|r| Some((depth_x(&r["depth"])?, r["tokens_per_s"].as_f64()?)))
+            .filter_map(|r| Some((depth_x(&r["depth"], auto_at)?, r["tokens_per_s"].as_f64()?)))
             .collect();
         if *m == "off" {
             let y = pts.first().map_or(0.0, |p| p.1);
-            pts = vec![(0.5, y), (5.5, y)];
+            pts = vec![(0.5, y), (auto_at + 0.5, y)];
         }
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         let label = if *m == "off" { "plain" } else { m };
@@ -550,6 +562,19 @@ pub(crate) fn linked_pngs(md: &str, dir: &Path) -> Vec<PathBuf> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn auto_sits_one_past_the_deepest_fixed_depth() {
+        let rows: Vec<Value> = [json!(0), json!("auto"), json!(6), json!(2)]
+            .into_iter()
+            .map(|d| json!({ "depth": d }))
+            .collect();
+        let refs: Vec<&Value> = rows.iter().collect();
+        assert_eq!(auto_x(&refs), 7.0);
+        assert_eq!(auto_x(&refs[..2]), 5.0, "older runs keep auto at 5");
+        assert_eq!(depth_x(&json!("auto"), 7.0), Some(7.0));
+        assert_eq!(depth_x(&json!(6), 7.0), Some(6.0));
+    }
 
     fn sample() -> Vec<Value> {
         let stamp = |mut v: Value, suite: &str| {

@@ -7,7 +7,7 @@ use anyhow::Result;
 use plotters::prelude::*;
 use serde_json::Value;
 
-use super::{COLORS, Group, canvas, depth_chart, depth_x, f, legend, line, pe};
+use super::{COLORS, Group, auto_x, canvas, depth_chart, depth_x, f, legend, line, pe};
 
 /// How the spec-scale shapes are built and why they compute what their
 /// sources compute: the last section of docs/bench/README.md.
@@ -391,7 +391,8 @@ fn plot_depth(rows: &[&Value], shape: &str, path: &Path, g: &Group<'_>) -> Resul
         &format!("spec-scale {shape}: tokens/s against draft depth"),
         g,
     )?;
-    let mut chart = depth_chart(&area, ymax)?;
+    let auto_at = auto_x(rows);
+    let mut chart = depth_chart(&area, ymax, auto_at)?;
     let mut series: Vec<(String, String, String)> = rows
         .iter()
         .map(|r| {
@@ -411,11 +412,11 @@ fn plot_depth(rows: &[&Value], shape: &str, path: &Path, g: &Group<'_>) -> Resul
             .filter(|r| {
                 s(r, "engine") == engine && s(r, "dtype") == dtype && s(r, "method") == method
             })
-            .filter_map(|r| Some((depth_x(&r["depth"])?, r["tokens_per_s"].as_f64()?)))
+            .filter_map(|r| Some((depth_x(&r["depth"], auto_at)?, r["tokens_per_s"].as_f64()?)))
             .collect();
         if method == "off" {
             let y = pts.first().map_or(0.0, |p| p.1);
-            pts = vec![(0.5, y), (5.5, y)];
+            pts = vec![(0.5, y), (auto_at + 0.5, y)];
         }
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         let label = format!(
