@@ -13,8 +13,8 @@
 #   bash .gpu/bundle/pN/gpu.sh spec-scale   setup + xtask bench spec-scale (builds the 1.7b/8b/0.6b
 #                                      upscales in /tmp, runs the whole matrix within MTP_SCALE_BUDGET_S,
 #                                      default 560 s) -> $OUT/results-spec-scale.json, spec-scale-rows.jsonl
-#   bash .gpu/bundle/pN/gpu.sh check-scale  setup + check + the spec-scale matrix (bf16 with mlx-lm plain unless
-#                                      MTP_SCALE_ARGS says otherwise) in what is left of MTP_SCALE_BUDGET_S
+#   bash .gpu/bundle/pN/gpu.sh check-scale  setup + check + the spec-scale matrix (bf16, depths 1-6 and auto,
+#                                      mlx-lm plain, unless MTP_SCALE_ARGS says otherwise) in what is left of MTP_SCALE_BUDGET_S
 # Environment: OUT (results folder; default .gpu/out), MTP_STAGE, MTP_DEST (default /tmp/mtp),
 # MTP_NV (the torch venv's site-packages/nvidia), MLX_PTX_CACHE_DIR (default /tmp/ptxcache);
 # for spec-scale: MTP_SCALE_BUDGET_S (whole step, setup included), MTP_SCALE_STAGE_CAP_S (most
@@ -118,14 +118,15 @@ spec_scale() {
 }
 
 # One call that checks and measures: setup, gpu-check, then the spec-scale matrix in what is left of
-# MTP_SCALE_BUDGET_S (by default bf16 only with mlx-lm plain: the must-show figures). Exit status:
+# MTP_SCALE_BUDGET_S (by default bf16 only, every depth auto may choose fixed beside it, mlx-lm plain:
+# the must-show figures; session 32's H100 ran it in 475 s). Exit status:
 # gpu-check's when it failed, else the matrix's.
 check_scale() {
   local t0=$SECONDS check_rc=0 scale_rc=0
   setup
   nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
   check 2>&1 | tee "$OUT/gpu-check.log" || check_rc=${PIPESTATUS[0]}
-  MTP_SCALE_ARGS=${MTP_SCALE_ARGS:---dtypes bf16 --mlx-lm-plain} \
+  MTP_SCALE_ARGS=${MTP_SCALE_ARGS:---dtypes bf16 --mlx-lm-plain --depths auto,6,5,4,3,2,1} \
     scale_matrix $((${MTP_SCALE_BUDGET_S:-560} - (SECONDS - t0))) || scale_rc=$?
   if [ "$check_rc" -ne 0 ]; then return "$check_rc"; fi
   return "$scale_rc"

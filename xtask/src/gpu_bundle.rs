@@ -262,7 +262,7 @@ fn report(root: &Path, rel: &Path, dirs: &[PathBuf], total: u64, commit: &str) -
              (if the call was cut short: cargo xtask bench --merge <files_at>/spec-scale-rows.jsonl)"
         );
         println!(
-            "\nor both in one call (gpu-check, then the matrix in bf16 with mlx-lm plain in the time left):\n  \
+            "\nor both in one call (gpu-check, then the matrix in bf16, depths 1-6 and auto, with mlx-lm plain in the time left):\n  \
              {n}. run(kind=\"nvidia-h200\", carry=[\"{p}\"], timeout_s=600, command=\"bash {p}/gpu.sh stage && bash {p}/gpu.sh check-scale\")\n\
              results in $OUT: gpu-check.json, gpu-check.log and the spec-scale files above"
         );
