@@ -118,7 +118,7 @@ spec_scale() {
 }
 
 # One call that checks and measures: setup, gpu-check, then the spec-scale matrix in what is left of
-# MTP_SCALE_BUDGET_S (by default bf16 only, every depth auto may choose fixed beside it, mlx-lm plain:
+# MTP_SCALE_BUDGET_S (by default bf16 only with mlx-lm plain, and spec-scale's default depths 1-6 and auto:
 # the must-show figures; session 32's H100 ran it in 475 s). Exit status:
 # gpu-check's when it failed, else the matrix's.
 check_scale() {
@@ -126,7 +126,7 @@ check_scale() {
   setup
   nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
   check 2>&1 | tee "$OUT/gpu-check.log" || check_rc=${PIPESTATUS[0]}
-  MTP_SCALE_ARGS=${MTP_SCALE_ARGS:---dtypes bf16 --mlx-lm-plain --depths auto,6,5,4,3,2,1} \
+  MTP_SCALE_ARGS=${MTP_SCALE_ARGS:---dtypes bf16 --mlx-lm-plain} \
     scale_matrix $((${MTP_SCALE_BUDGET_S:-560} - (SECONDS - t0))) || scale_rc=$?
   if [ "$check_rc" -ne 0 ]; then return "$check_rc"; fi
   return "$scale_rc"

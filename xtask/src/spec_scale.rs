@@ -2,13 +2,14 @@
 //!
 //! `bench spec-scale [--shapes tiny,24l] [--dtypes bf16,f32] [--tokens 256] [--prompts 3]
 //! [--budget-s S] [--stage-cap-s S] [--work DIR] [--rows FILE] [--engines ours,mlx-lm]
-//! [--mlx-lm-plain] [--passes N] [--depths auto,4,3,2,1] [--out FILE] [--no-report]`
+//! [--mlx-lm-plain] [--passes N] [--depths auto,6,5,4,3,2,1] [--out FILE] [--no-report]`
 //!
-//! `--depths` (ours only; default `auto,4,3,2,1`) sets the drafting depths
-//! ours times besides plain: `auto,6,5,4,3,2,1` gives every depth the auto
-//! controller may choose (at most 6) its own fixed case, so the
-//! `auto-vs-best` row prices auto's deep rounds at their measured cost
-//! rather than on the line through the two deepest fixed depths.
+//! `--depths` (ours only) sets the drafting depths ours times besides plain;
+//! the default, `auto,6,5,4,3,2,1`, gives every depth the auto controller may
+//! choose (at most 6) its own fixed case, so the `auto-vs-best` row prices
+//! auto's rounds at measured costs at every depth (with fixed depths 1-4
+//! only, depths 5-6 are priced on the line through depths 3-4, which was
+//! 8-11 % cheap on this CPU at tiny and dear at 1.7b on an H100, session 32).
 //!
 //! `--passes N` (default 1) runs ours N times over the prompts; its cases run
 //! interleaved request by request either way (see the runner example
@@ -32,7 +33,7 @@
 //!   `k + 1` tokens' experts and so grows with the depth.
 //! * Stages, in this order: every shape in bf16 (ours, then mlx-lm), then every
 //!   shape in f32. Ours is the runner example `scale-bench` (plain, MTP at auto
-//!   and depths 4..1, TTFT at 1,000 and 600 prompt tokens), mlx-lm is
+//!   and depths 6..1, TTFT at 1,000 and 600 prompt tokens), mlx-lm is
 //!   `mlx_lm_scale.py` (plain, draft-model at 2, 3, 4); each loads its model
 //!   once. On a CPU the non-tiny shapes run f32 only (MLX's CPU bf16 matmuls
 //!   are many times slower than f32, and no CPU user runs them); at `8b` f32
@@ -70,6 +71,8 @@ const MLX_LM_SCRIPT: &str = "crates/runner/examples/mlx_lm_scale.py";
 const TINY: &str = "models/tiny-mtp";
 const TINY_DRAFT: &str = "models/tiny-draft";
 const TINY_MOE: &str = "models/tiny-moe-mtp";
+/// The drafting depths ours times by default: auto and every depth it may choose.
+const DEPTHS: &str = "auto,6,5,4,3,2,1";
 /// A stage with less than this left is skipped rather than started.
 const MIN_STAGE: Duration = Duration::from_secs(20);
 /// How long past its own deadline a child may run before it is killed.
@@ -93,7 +96,7 @@ struct Opts {
     mlx_lm_plain: bool,
     passes: usize,
     /// The drafting depths ours times besides plain (`--depths`).
-    depths: Option<String>,
+    depths: String,
     /// Shapes whose runs of ours log the auto controller's rounds to the log
     /// (`--trace-depth tiny,8b`: `RUST_LOG=runner::depth=trace`).
     trace_depth: Vec<String>,
@@ -128,7 +131,7 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
         report: true,
         mlx_lm_plain: false,
         passes: 1,
-        depths: None,
+        depths: DEPTHS.to_owned(),
         trace_depth: Vec::new(),
     };
     let mut it = args.iter();
@@ -148,7 +151,7 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
             "--no-report" => o.report = false,
             "--mlx-lm-plain" => o.mlx_lm_plain = true,
             "--trace-depth" => o.trace_depth = list(val()?),
-            "--depths" => o.depths = Some(depths(val()?)?),
+            "--depths" => o.depths = depths(val()?)?,
             "--passes" => {
                 o.passes = val()?.parse().context("--passes: a whole number")?;
                 if o.passes == 0 {
@@ -421,9 +424,7 @@ fn run_with(o: &Opts, device: &Value) -> Result<Vec<Value>> {
         let mut c = if st.engine == "ours" {
             args.extend(ours_extra(&st.shape));
             args.extend(["--passes".into(), o.passes.to_string()]);
-            if let Some(d) = &o.depths {
-                args.extend(["--depths".into(), d.clone()]);
-            }
+            args.extend(["--depths".into(), o.depths.clone()]);
             let mut c = bins::command(SCALE_BENCH, &args)?;
             if o.trace_depth.contains(&st.shape) {
                 c.env("RUST_LOG", "runner::depth=trace");
@@ -731,11 +732,8 @@ mod tests {
     #[test]
     fn depths_pass_through_checked_and_bad_ones_are_named() {
         let with = |v: &str| parse(&["--depths".into(), v.into()], true);
-        assert_eq!(
-            with(" auto, 6,5 ,1").unwrap().depths.as_deref(),
-            Some("auto,6,5,1")
-        );
-        assert_eq!(parse(&[], true).unwrap().depths, None);
+        assert_eq!(with(" auto, 6,5 ,1").unwrap().depths, "auto,6,5,1");
+        assert_eq!(parse(&[], true).unwrap().depths, "auto,6,5,4,3,2,1");
         for bad in ["auto,0", "auto,17", "auto,,2", "deep", ""] {
             let e = format!("{:#}", with(bad).unwrap_err());
             assert!(
