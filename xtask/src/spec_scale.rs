@@ -5,8 +5,8 @@
 //! [--mlx-lm-plain] [--passes N] [--depths auto,6,5,4,3,2,1] [--out FILE] [--no-report]`
 //!
 //! `--depths` (ours only) sets the drafting depths ours times besides plain;
-//! the default, `auto,6,5,4,3,2,1`, gives every depth the auto controller may
-//! choose (at most 6) its own fixed case, so the `auto-vs-best` row prices
+//! the default (`scale-bench`'s own), `auto,6,5,4,3,2,1`, gives every depth
+//! the auto controller may choose (at most 6) its own fixed case, so the `auto-vs-best` row prices
 //! auto's rounds at measured costs at every depth (with fixed depths 1-4
 //! only, depths 5-6 are priced on the line through depths 3-4, which was
 //! 8-11 % cheap on this CPU at tiny and dear at 1.7b on an H100, session 32).
@@ -71,8 +71,6 @@ const MLX_LM_SCRIPT: &str = "crates/runner/examples/mlx_lm_scale.py";
 const TINY: &str = "models/tiny-mtp";
 const TINY_DRAFT: &str = "models/tiny-draft";
 const TINY_MOE: &str = "models/tiny-moe-mtp";
-/// The drafting depths ours times by default: auto and every depth it may choose.
-const DEPTHS: &str = "auto,6,5,4,3,2,1";
 /// A stage with less than this left is skipped rather than started.
 const MIN_STAGE: Duration = Duration::from_secs(20);
 /// How long past its own deadline a child may run before it is killed.
@@ -95,8 +93,9 @@ struct Opts {
     /// mlx-lm plain only (`--mlx-lm-plain`).
     mlx_lm_plain: bool,
     passes: usize,
-    /// The drafting depths ours times besides plain (`--depths`).
-    depths: String,
+    /// The drafting depths ours times besides plain (`--depths`; `None`:
+    /// `scale-bench`'s default).
+    depths: Option<String>,
     /// Shapes whose runs of ours log the auto controller's rounds to the log
     /// (`--trace-depth tiny,8b`: `RUST_LOG=runner::depth=trace`).
     trace_depth: Vec<String>,
@@ -131,7 +130,7 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
         report: true,
         mlx_lm_plain: false,
         passes: 1,
-        depths: DEPTHS.to_owned(),
+        depths: None,
         trace_depth: Vec::new(),
     };
     let mut it = args.iter();
@@ -151,7 +150,7 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
             "--no-report" => o.report = false,
             "--mlx-lm-plain" => o.mlx_lm_plain = true,
             "--trace-depth" => o.trace_depth = list(val()?),
-            "--depths" => o.depths = depths(val()?)?,
+            "--depths" => o.depths = Some(depths(val()?)?),
             "--passes" => {
                 o.passes = val()?.parse().context("--passes: a whole number")?;
                 if o.passes == 0 {
@@ -424,7 +423,9 @@ fn run_with(o: &Opts, device: &Value) -> Result<Vec<Value>> {
         let mut c = if st.engine == "ours" {
             args.extend(ours_extra(&st.shape));
             args.extend(["--passes".into(), o.passes.to_string()]);
-            args.extend(["--depths".into(), o.depths.clone()]);
+            if let Some(d) = &o.depths {
+                args.extend(["--depths".into(), d.clone()]);
+            }
             let mut c = bins::command(SCALE_BENCH, &args)?;
             if o.trace_depth.contains(&st.shape) {
                 c.env("RUST_LOG", "runner::depth=trace");
@@ -732,8 +733,11 @@ mod tests {
     #[test]
     fn depths_pass_through_checked_and_bad_ones_are_named() {
         let with = |v: &str| parse(&["--depths".into(), v.into()], true);
-        assert_eq!(with(" auto, 6,5 ,1").unwrap().depths, "auto,6,5,1");
-        assert_eq!(parse(&[], true).unwrap().depths, "auto,6,5,4,3,2,1");
+        assert_eq!(
+            with(" auto, 6,5 ,1").unwrap().depths.as_deref(),
+            Some("auto,6,5,1")
+        );
+        assert_eq!(parse(&[], true).unwrap().depths, None);
         for bad in ["auto,0", "auto,17", "auto,,2", "deep", ""] {
             let e = format!("{:#}", with(bad).unwrap_err());
             assert!(

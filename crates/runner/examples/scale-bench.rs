@@ -3,7 +3,7 @@
 //! greedy speculative output checked against plain, and time to first token.
 //!
 //! `cargo run --release -p runner --example scale-bench -- --model DIR --prompts FILE
-//! [--shape NAME] [--dtype f32|bf16] [--depths auto,4,3,2,1] [--tokens N]
+//! [--shape NAME] [--dtype f32|bf16] [--depths auto,6,5,4,3,2,1] [--tokens N]
 //! [--ttft-tokens 1000,600|none] [--profile-depth 3|1,2,3,4|none] [--passes N] [--deadline-s S]
 //! [--rows-time 0,1,3]`
 //!
@@ -589,7 +589,9 @@ fn main() -> Res<()> {
     let mut args = std::env::args().skip(1);
     let (mut model, mut prompts_file, mut shape) = (None, None, String::from("?"));
     let (mut dtype_name, mut tokens, mut deadline) = (String::from("f32"), 256usize, None);
-    let mut depths = "auto,4,3,2,1".to_owned();
+    // Every depth the auto controller may choose (at most 6), so its rounds
+    // are priced at measured costs at each.
+    let mut depths = "auto,6,5,4,3,2,1".to_owned();
     let mut profile: Vec<usize> = vec![3];
     let mut ttft = "1000,600".to_owned();
     let mut passes = 1usize;
