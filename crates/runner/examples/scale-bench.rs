@@ -88,6 +88,8 @@ use serde_json::{Value, json};
 mod host;
 #[path = "support/logs.rs"]
 mod logs;
+#[path = "support/pricing.rs"]
+mod pricing;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -465,7 +467,8 @@ fn auto_vs_best(timed: &[(&str, DepthPolicy)], sums: &[Case]) -> Option<Value> {
             .collect();
         at.sort_by_key(|x| x.0);
         at.dedup_by_key(|x| x.0);
-        let priced = priced_seconds(&at, &tps[auto].2)
+        let auto_rounds: Vec<f64> = tps[auto].2.iter().map(|&n| n as f64).collect();
+        let priced = pricing::priced_seconds(&at, &auto_rounds)
             .map(|s| tps[auto].0 as f64 / s / rate(best))
             .filter(|r| r.is_finite());
         (rate(auto) / rate(best), priced, best)
@@ -493,27 +496,6 @@ fn auto_vs_best(timed: &[(&str, DepthPolicy)], sums: &[Case]) -> Option<Value> {
         "interval90": interval(draws), "blocks": blocks,
         "priced": priced, "priced_interval90": interval(priced_draws),
     }))
-}
-
-/// The seconds auto's `rounds` (per depth) would have taken at `at`'s
-/// seconds a round (`(depth, seconds)` by depth, plain's per token; depths
-/// not in it on the line through the two deepest there). `None` if `at`
-/// has fewer than two depths and auto ran one it lacks.
-fn priced_seconds(at: &[(usize, f64)], rounds: &[usize]) -> Option<f64> {
-    let mut sum = 0.0;
-    for (d, &n) in rounds.iter().enumerate().filter(|x| *x.1 > 0) {
-        let s = match at.iter().find(|x| x.0 == d) {
-            Some(x) => x.1,
-            None => {
-                let [.., a, b] = at else {
-                    return None;
-                };
-                b.1 + (d as f64 - b.0 as f64) * (b.1 - a.1) / (b.0 - a.0) as f64
-            }
-        };
-        sum += n as f64 * s;
-    }
-    Some(sum)
 }
 
 /// Mean per-round costs in ms (`null` without drafted rounds).

@@ -7,6 +7,9 @@ use anyhow::Result;
 use plotters::prelude::*;
 use serde_json::Value;
 
+#[path = "../../../crates/runner/examples/support/pricing.rs"]
+mod pricing;
+
 use super::{COLORS, Group, auto_x, canvas, depth_chart, depth_x, f, legend, line, pe};
 
 /// How the spec-scale shapes are built and why they compute what their
@@ -86,9 +89,9 @@ fn of_kind<'a>(all: &[&'a Value], kind: &str) -> Vec<&'a Value> {
     all.iter().copied().filter(|r| r["kind"] == kind).collect()
 }
 
-/// Auto's choices priced at the fixed cases' costs, as scale-bench prices
-/// them (its `priced` field, from session 31 on; this recomputes it from the
-/// decode rows of older runs): auto's timed tokens over the seconds its
+/// Auto's choices priced at the fixed cases' costs with scale-bench's own
+/// function (its `priced` field, from session 31 on; this recomputes it from
+/// the decode rows of older runs): auto's timed tokens over the seconds its
 /// rounds would have taken at each fixed case's seconds a round (plain's
 /// a token; depths without a case on the line through the two deepest),
 /// over the best fixed depth's tokens/s. The timing noise between the cases
@@ -132,19 +135,7 @@ fn priced_at_fixed_costs(all: &[&Value], vs: &Value) -> Option<f64> {
     at.sort_by_key(|x| x.0);
     at.dedup_by_key(|x| x.0);
     let auto = decode.iter().find(|r| r["depth"] == "auto")?;
-    let mut secs = 0.0;
-    for (d, n) in rounds(auto)?.into_iter().enumerate().filter(|x| x.1 > 0.0) {
-        let s = match at.iter().find(|x| x.0 == d) {
-            Some(x) => x.1,
-            None => {
-                let [.., a, b] = at.as_slice() else {
-                    return None;
-                };
-                b.1 + (d as f64 - b.0 as f64) * (b.1 - a.1) / (b.0 - a.0) as f64
-            }
-        };
-        secs += n * s;
-    }
+    let secs = pricing::priced_seconds(&at, &rounds(auto)?)?;
     let ratio = timed(auto)?.0 / secs / best;
     ratio.is_finite().then_some(ratio)
 }
