@@ -17,14 +17,13 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::models::Model;
 use crate::models::attention::AttentionCore;
-use crate::models::dispatch;
 use crate::models::layers::{
     Linear, LinearLayout, RmsNorm, embedding, linear, pre_norm_block, rms_norm,
 };
 use crate::models::moe::{FeedForward, MoeConfig, MoeDefaults, Scoring};
 use crate::models::mtp::{HeadBlock, MtpHead, MtpLayout};
 use crate::models::rope::Rope;
-use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
+use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp, wrong_mtp_layout};
 use crate::weights::{Vars, Weights};
 
 /// Builds a GLM-4.5 model.
@@ -233,14 +232,12 @@ impl Glm4Moe {
                 )?)
             }
             Some(other) => {
-                return Err(c.unsupported_key(
+                let expected = format!("`model.layers.{}.*` with eh_proj", c.num_hidden_layers);
+                return Err(wrong_mtp_layout(
+                    c,
                     "num_nextn_predict_layers",
-                    format!(
-                        "the checkpoint's MTP head has the {} layout, which glm4_moe does not \
-                         use (expected `model.layers.{}.*` with eh_proj)",
-                        other.name(),
-                        c.num_hidden_layers
-                    ),
+                    other,
+                    &expected,
                 ));
             }
             None => {
@@ -276,13 +273,10 @@ impl Glm4Moe {
 
 impl Model for Glm4Moe {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array> {
-        let mut x = self.ends.embed(tokens, caches.len(), self.layers.len())?;
-        let n = self.layers.len();
-        for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
-            x = layer.forward(&x, cache.as_mut(), &self.rope)?;
-            dispatch::after_layer(&x, i + 1, n, &self.ends.config)?;
-        }
-        self.ends.finish(&x)
+        self.ends
+            .forward(tokens, caches, &self.layers, |layer, x, cache| {
+                layer.forward(x, cache, &self.rope)
+            })
     }
 
     fn unembed(&self, hidden: &Array) -> Result<Array> {

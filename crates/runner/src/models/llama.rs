@@ -7,7 +7,6 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::models::Model;
 use crate::models::attention::AttentionCore;
-use crate::models::dispatch;
 use crate::models::layers::{
     FusedLinear, Linear, LinearLayout, Mlp, RmsNorm, embedding, linear, pre_norm_block,
     quantized_or_same, rms_norm,
@@ -477,13 +476,10 @@ impl Llama {
 
 impl Model for Llama {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array> {
-        let mut x = self.ends.embed(tokens, caches.len(), self.layers.len())?;
-        let n = self.layers.len();
-        for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
-            x = layer.forward(&x, cache.as_mut(), &self.rope)?;
-            dispatch::after_layer(&x, i + 1, n, &self.ends.config)?;
-        }
-        self.ends.finish(&x)
+        self.ends
+            .forward(tokens, caches, &self.layers, |layer, x, cache| {
+                layer.forward(x, cache, &self.rope)
+            })
     }
 
     fn unembed(&self, hidden: &Array) -> Result<Array> {

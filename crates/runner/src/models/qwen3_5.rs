@@ -11,14 +11,13 @@ use mlx_tensor::Array;
 use crate::config::{HybridConfig, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::models::Model;
-use crate::models::dispatch;
 use crate::models::gated_attention::{GatedLayer, load_norm};
 use crate::models::gated_delta::{GatedDeltaNet, InProj};
 use crate::models::layers::{LinearLayout, RmsNorm, embedding, pre_norm_block};
 use crate::models::moe::{FeedForward, MoeConfig, MoeDefaults, Scoring};
 use crate::models::mtp::{MtpHead, MtpLayout};
 use crate::models::rope::Rope;
-use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
+use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp, wrong_mtp_layout};
 use crate::weights::Weights;
 
 /// Whether the trunk's RMSNorms are stored zero-centred (`x · (1 + w)`, as
@@ -188,13 +187,11 @@ impl Qwen35 {
                 )?)
             }
             Some(other) => {
-                return Err(c.unsupported_key(
+                return Err(wrong_mtp_layout(
+                    c,
                     "mtp_num_hidden_layers",
-                    format!(
-                        "the checkpoint's MTP head has the {} layout, which qwen3_5 does not \
-                         use (expected `mtp.*`)",
-                        other.name()
-                    ),
+                    other,
+                    "`mtp.*`",
                 ));
             }
             None => {
@@ -236,22 +233,21 @@ impl Qwen35 {
 
 impl Model for Qwen35 {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array> {
-        let mut x = self.ends.embed(tokens, caches.len(), self.layers.len())?;
-        let n = self.layers.len();
-        for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
-            x = match layer {
-                Layer::Full(b) => b.forward(&x, cache.as_mut(), &self.rope)?,
+        self.ends.forward(
+            tokens,
+            caches,
+            &self.layers,
+            |layer, x, cache| match layer {
+                Layer::Full(b) => b.forward(x, cache, &self.rope),
                 Layer::Linear(b) => pre_norm_block(
-                    &x,
+                    x,
                     &b.input_norm,
-                    |n| b.mixer.forward(n, cache.as_mut()),
+                    |n| b.mixer.forward(n, cache),
                     &b.post_norm,
                     |h| b.mlp.forward(h),
-                )?,
-            };
-            dispatch::after_layer(&x, i + 1, n, &self.ends.config)?;
-        }
-        self.ends.finish(&x)
+                ),
+            },
+        )
     }
 
     fn unembed(&self, hidden: &Array) -> Result<Array> {

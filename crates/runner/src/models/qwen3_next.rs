@@ -12,7 +12,6 @@ use mlx_tensor::Array;
 use crate::config::{HybridConfig, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::models::Model;
-use crate::models::dispatch;
 use crate::models::gated_attention::{GatedAttention, load_norm};
 use crate::models::gated_delta::{GatedDeltaNet, InProj};
 use crate::models::layers::{LinearLayout, RmsNorm, embedding, pre_norm_block};
@@ -20,7 +19,7 @@ use crate::models::moe::{FeedForward, MoeConfig, MoeDefaults, Scoring};
 use crate::models::mtp::{MtpHead, MtpLayout};
 use crate::models::qwen3_5::zero_centred_trunk;
 use crate::models::rope::Rope;
-use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp};
+use crate::models::trunk_ends::{TrunkEnds, load_lm_head, note_missing_mtp, wrong_mtp_layout};
 use crate::weights::{Vars, Weights};
 
 /// Builds a Qwen3-Next model.
@@ -187,13 +186,11 @@ impl Qwen3Next {
                 )?)
             }
             Some(other) => {
-                return Err(c.unsupported_key(
+                return Err(wrong_mtp_layout(
+                    c,
                     "mtp_num_hidden_layers",
-                    format!(
-                        "the checkpoint's MTP head has the {} layout, which qwen3_next does not \
-                         use (expected `mtp.*`)",
-                        other.name()
-                    ),
+                    other,
+                    "`mtp.*`",
                 ));
             }
             None => {
@@ -230,13 +227,10 @@ impl Qwen3Next {
 
 impl Model for Qwen3Next {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array> {
-        let mut x = self.ends.embed(tokens, caches.len(), self.layers.len())?;
-        let n = self.layers.len();
-        for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
-            x = layer.forward(&x, cache.as_mut(), &self.rope)?;
-            dispatch::after_layer(&x, i + 1, n, &self.ends.config)?;
-        }
-        self.ends.finish(&x)
+        self.ends
+            .forward(tokens, caches, &self.layers, |layer, x, cache| {
+                layer.forward(x, cache, &self.rope)
+            })
     }
 
     fn unembed(&self, hidden: &Array) -> Result<Array> {

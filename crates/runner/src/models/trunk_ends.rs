@@ -2,12 +2,14 @@
 //! token embedding, final norm, unembedding, MTP head), and the load steps
 //! the families share.
 
+use kvcache::Cache;
 use mlx_tensor::{Array, Dtype};
 
 use crate::config::ModelConfig;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::models::dispatch;
 use crate::models::layers::{Embedding, Linear, LinearLayout, RmsNorm, linear};
-use crate::models::mtp::MtpHead;
+use crate::models::mtp::{MtpHead, MtpLayout};
 use crate::weights::Weights;
 
 /// A trunk's two ends: tokens in through `embed`, hidden states out through
@@ -25,27 +27,33 @@ pub(crate) struct TrunkEnds {
 }
 
 impl TrunkEnds {
-    /// `tokens` `[L]` embedded as `[1, L, H]`, after checking that the
-    /// caller passed one cache per layer.
-    pub(crate) fn embed(&self, tokens: &Array, caches: usize, layers: usize) -> Result<Array> {
+    /// The trunk's forward: `tokens` `[L]` embedded as `[1, L, H]`, through
+    /// `layers` in order (`step` runs one layer over its own cache; the
+    /// dispatch hook may hand the graph so far to the device after it),
+    /// and out through the final norm as hidden rows `[L, H]`. The one loop
+    /// every family's `Model::forward` is: a family says only how a layer steps.
+    pub(crate) fn forward<L>(
+        &self,
+        tokens: &Array,
+        caches: &mut [Box<dyn Cache>],
+        layers: &[L],
+        step: impl Fn(&L, &Array, &mut dyn Cache) -> Result<Array>,
+    ) -> Result<Array> {
+        let n = layers.len();
         assert_eq!(
-            caches, layers,
-            "caches ({caches}) must match layers ({layers})"
+            caches.len(),
+            n,
+            "caches ({}) must match layers ({n})",
+            caches.len()
         );
         let l = tokens.dim(0);
-        Ok(self
-            .embed
-            .forward(tokens)?
-            .reshape(&[1, l, self.config.hidden_size as i32])?)
-    }
-
-    /// The stack's output `[1, L, H]` through the final norm, as `[L, H]`.
-    pub(crate) fn finish(&self, x: &Array) -> Result<Array> {
-        let l = x.dim(1);
-        Ok(self
-            .norm
-            .forward(x)?
-            .reshape(&[l, self.config.hidden_size as i32])?)
+        let h = self.config.hidden_size as i32;
+        let mut x = self.embed.forward(tokens)?.reshape(&[1, l, h])?;
+        for (i, (layer, cache)) in layers.iter().zip(caches.iter_mut()).enumerate() {
+            x = step(layer, &x, cache.as_mut())?;
+            dispatch::after_layer(&x, i + 1, n, &self.config)?;
+        }
+        Ok(self.norm.forward(&x)?.reshape(&[l, h])?)
     }
 
     /// Logits `[R, V]` in f32 for hidden rows `[R, H]`.
@@ -142,6 +150,26 @@ fn tied_copy_agrees(embed: &Embedding, head: &Array, vocab: usize) -> Result<boo
     let a = embed.forward(&ids)?.as_type(Dtype::Float32)?;
     let b = head.take(&ids, 0)?.as_type(Dtype::Float32)?;
     Ok(a.equal(&b)?.all(&[0, 1], false)?.item::<bool>()?)
+}
+
+/// The error for a checkpoint whose MTP head has the `found` layout where
+/// the family of `c` reads the head as `expected` (its config key `key`
+/// counts the head's layers).
+pub(crate) fn wrong_mtp_layout(
+    c: &ModelConfig,
+    key: &'static str,
+    found: MtpLayout,
+    expected: &str,
+) -> Error {
+    c.unsupported_key(
+        key,
+        format!(
+            "the checkpoint's MTP head has the {} layout, which {} does not use (expected \
+             {expected})",
+            found.name(),
+            c.model_type
+        ),
+    )
 }
 
 /// Says once, at load, why a config that announces MTP layers has no head:
