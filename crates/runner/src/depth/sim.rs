@@ -953,6 +953,21 @@ fn replay_throughput(
     (tokens as f64 / seconds, all)
 }
 
+/// [`replay_throughput`] of every fixed depth 0-6 and of auto: the fixed
+/// depths' tokens/s, auto's, the best fixed depth and auto's choices.
+fn replay_every_depth(
+    sim: &Sim,
+    replies: &[Vec<usize>],
+    seeds: u64,
+) -> (Vec<f64>, f64, usize, Vec<usize>) {
+    let fixed: Vec<f64> = (0..=6)
+        .map(|k| replay_throughput(sim, replies, DepthPolicy::Fixed(k), seeds).0)
+        .collect();
+    let (auto, picks) = replay_throughput(sim, replies, DepthPolicy::default(), seeds);
+    let best = (0..=6).fold(0, |b, k| if fixed[k] > fixed[b] { k } else { b });
+    (fixed, auto, best, picks)
+}
+
 /// tiny-mtp (f32) on the 2-core CPU as `bench spec-scale` measured it at
 /// 839a69e (three passes over the four prompts, interleaved): a pipelined
 /// plain token 3.29 ms, fixed-depth rounds of 5.45, 7.05, 8.55 and 10.32 ms
@@ -1009,11 +1024,7 @@ fn on_real_replies_auto_gets_near_the_best_fixed_depth() {
             slow_drift: 0.98,
             ..tiny_mtp_cpu_replayed(jitter)
         };
-        let fixed: Vec<f64> = (0..=6)
-            .map(|k| replay_throughput(&sim, &replies, DepthPolicy::Fixed(k), 10).0)
-            .collect();
-        let (auto, picks) = replay_throughput(&sim, &replies, DepthPolicy::default(), 10);
-        let best = (0..=6).fold(0, |b, k| if fixed[k] > fixed[b] { k } else { b });
+        let (fixed, auto, best, picks) = replay_every_depth(&sim, &replies, 10);
         let mut hist = [0usize; 7];
         for k in picks {
             hist[k] += 1;
@@ -1073,9 +1084,9 @@ fn on_real_replies_at_gpu_costs_auto_gets_near_the_best_fixed_depth() {
     // drafting pays only at deep depths and high acceptance, and a plain
     // token is a third of a round: the regime of the GPU runs' tiny-mtp
     // loss (measured 0.948 of depth 4, priced 0.971, at 91e7ded). The
-    // traced start of that run (`0000000 4444 000...`) is the replies'
-    // own: three of the first five drafted rounds were rejected at their
-    // first draft, so plain was the right call on what was seen. Pass:
+    // traced start of such a run (`0000000 4444 000...`, at 1963014) is
+    // its text's: three of the first five drafted rounds were rejected at
+    // their first draft, so plain was the right call on what was seen. Pass:
     // auto within 5% of the best fixed depth and 1.2 × plain. When
     // written: 0.980 and 0.972 of depth 5 for jitter 0.1 and 0.3 (20
     // seeds), 1.29 and 1.27 × plain (depths 4 and 5 within 3% of each other,
@@ -1083,11 +1094,7 @@ fn on_real_replies_at_gpu_costs_auto_gets_near_the_best_fixed_depth() {
     let replies = tiny_mtp_lengths();
     for jitter in [0.1, 0.3] {
         let sim = tiny_mtp_h100_replayed(jitter);
-        let fixed: Vec<f64> = (0..=6)
-            .map(|k| replay_throughput(&sim, &replies, DepthPolicy::Fixed(k), 20).0)
-            .collect();
-        let (auto, _) = replay_throughput(&sim, &replies, DepthPolicy::default(), 20);
-        let best = (0..=6).fold(0, |b, k| if fixed[k] > fixed[b] { k } else { b });
+        let (fixed, auto, best, _) = replay_every_depth(&sim, &replies, 20);
         eprintln!(
             "jitter {jitter}: fixed {:?}, auto {auto:.0} = {:.3} of depth {best}, {:.2} x plain",
             fixed.iter().map(|f| f.round()).collect::<Vec<_>>(),
