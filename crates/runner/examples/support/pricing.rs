@@ -6,16 +6,20 @@
 
 /// The seconds that `rounds[d]` rounds at each depth `d` would have taken at
 /// `at`'s seconds a round (`(depth, seconds)` sorted by depth; plain's are
-/// seconds a token). A depth without a fixed case is priced on the line
-/// through the two deepest cases. `None` where that line is needed and `at`
-/// has fewer than two depths.
+/// seconds a token). A drafting depth without a fixed case is priced on the
+/// line through the two deepest drafting cases: plain is no point of that
+/// line (a pipelined token waits for no verify), and a line through it
+/// would price the deep rounds of a run without deep cases far too cheap.
+/// `None` where that line is needed and `at` has fewer than two drafting
+/// depths, or where plain ran without a plain case.
 pub(crate) fn priced_seconds(at: &[(usize, f64)], rounds: &[f64]) -> Option<f64> {
+    let drafting: Vec<(usize, f64)> = at.iter().copied().filter(|x| x.0 > 0).collect();
     let mut sum = 0.0;
     for (d, &n) in rounds.iter().enumerate().filter(|x| *x.1 > 0.0) {
         let s = match at.iter().find(|x| x.0 == d) {
             Some(x) => x.1,
             None => {
-                let [.., a, b] = at else {
+                let ([.., a, b], true) = (drafting.as_slice(), d > 0) else {
                     return None;
                 };
                 b.1 + (d as f64 - b.0 as f64) * (b.1 - a.1) / (b.0 - a.0) as f64
@@ -46,9 +50,16 @@ mod tests {
     }
 
     #[test]
-    fn a_line_needs_two_depths() {
+    fn a_line_needs_two_drafting_depths() {
         assert_eq!(priced_seconds(&[(2, 3.0)], &[0.0, 1.0]), None);
         // Unused depths need no line.
         assert_eq!(priced_seconds(&[(2, 3.0)], &[0.0, 0.0, 2.0]), Some(6.0));
+        // Plain is no point of the drafting line: plain and depth 4 alone
+        // do not price depth 5.
+        let at = [(0, 0.5), (4, 2.0)];
+        assert_eq!(priced_seconds(&at, &[0.0, 0.0, 0.0, 0.0, 1.0, 1.0]), None);
+        assert_eq!(priced_seconds(&at, &[2.0, 0.0, 0.0, 0.0, 1.0]), Some(3.0));
+        // Plain rounds without a plain case are not priced on the line.
+        assert_eq!(priced_seconds(&[(1, 1.0), (2, 2.0)], &[1.0, 1.0]), None);
     }
 }
