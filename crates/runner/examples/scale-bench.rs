@@ -52,7 +52,7 @@
 //!   `blocks` request blocks, the best depth picked again in each;
 //!   `priced` and `priced_interval90`, the same with auto's rounds priced
 //!   at the fixed cases' seconds a round of each depth (plain's a token;
-//!   other depths on the line through the two deepest): the timing noise
+//!   other drafting depths on the line through the two deepest drafting cases): the timing noise
 //!   between the cases mostly drops out, leaving the quality of auto's
 //!   choices (`null` where a depth auto ran cannot be priced).
 //! * `kind: "round-profile"`: each `--profile-depth` depth again with every

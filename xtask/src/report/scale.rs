@@ -93,7 +93,7 @@ fn of_kind<'a>(all: &[&'a Value], kind: &str) -> Vec<&'a Value> {
 /// function (its `priced` field, from session 31 on; this recomputes it from
 /// the decode rows of older runs): auto's timed tokens over the seconds its
 /// rounds would have taken at each fixed case's seconds a round (plain's
-/// a token; depths without a case on the line through the two deepest),
+/// a token; depths without a case on the line through the two deepest drafting cases),
 /// over the best fixed depth's tokens/s. The timing noise between the cases
 /// of a run (whose rounds ran at different moments of a drifting host)
 /// mostly drops out; what is left is how well auto chose its depths,
