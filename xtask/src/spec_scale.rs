@@ -4,7 +4,8 @@
 //! [--budget-s S] [--stage-cap-s S] [--work DIR] [--rows FILE] [--engines ours,mlx-lm]
 //! [--mlx-lm-plain] [--passes N] [--depths auto,6,5,4,3,2,1] [--out FILE] [--no-report]`
 //!
-//! `--depths` (ours only) sets the drafting depths ours times besides plain;
+//! `--depths` (ours only) sets the drafting depths ours times besides plain
+//! (0 there is a speculative session held at plain: its plain stretches);
 //! the default (`scale-bench`'s own), `auto,6,5,4,3,2,1`, gives every depth
 //! the auto controller may choose (at most 6) its own fixed case, so the `auto-vs-best` row prices
 //! auto's rounds at measured costs at every depth (with fixed depths 1-4
@@ -181,13 +182,15 @@ fn parse(args: &[String], on_gpu: bool) -> Result<Opts> {
     Ok(o)
 }
 
-/// `--depths`: `auto` and depths 1 to 16, comma-separated, at least one.
+/// `--depths`: `auto` and depths 0 to 16, comma-separated, at least one.
+/// Depth 0 is a speculative session held at plain (its plain stretches), a
+/// case apart from the `off` loop that every run times anyway.
 fn depths(v: &str) -> Result<String> {
     let items: Vec<&str> = v.split(',').map(str::trim).collect();
     for d in &items {
-        let ok = *d == "auto" || d.parse::<usize>().is_ok_and(|n| (1..=16).contains(&n));
+        let ok = *d == "auto" || d.parse::<usize>().is_ok_and(|n| n <= 16);
         if !ok {
-            bail!("--depths: `{d}` is not `auto` or a depth from 1 to 16 (e.g. auto,6,5,4,3,2,1)");
+            bail!("--depths: `{d}` is not `auto` or a depth from 0 to 16 (e.g. auto,6,5,4,3,2,1)");
         }
     }
     Ok(items.join(","))
@@ -738,10 +741,15 @@ mod tests {
             Some("auto,6,5,1")
         );
         assert_eq!(parse(&[], true).unwrap().depths, None);
-        for bad in ["auto,0", "auto,17", "auto,,2", "deep", ""] {
+        // Depth 0 is the speculative session held at plain, not the `off` loop.
+        assert_eq!(
+            with("auto,4,0").unwrap().depths.as_deref(),
+            Some("auto,4,0")
+        );
+        for bad in ["auto,-1", "auto,17", "auto,,2", "deep", ""] {
             let e = format!("{:#}", with(bad).unwrap_err());
             assert!(
-                e.contains("--depths") && e.contains("1 to 16"),
+                e.contains("--depths") && e.contains("0 to 16"),
                 "{bad}: {e}"
             );
         }

@@ -404,6 +404,8 @@ fn plot_depth(rows: &[&Value], shape: &str, path: &Path, g: &Group<'_>) -> Resul
                 s(r, "engine") == engine && s(r, "dtype") == dtype && s(r, "method") == method
             })
             .filter_map(|r| Some((depth_x(&r["depth"], auto_at)?, r["tokens_per_s"].as_f64()?)))
+            // A speculative session held at depth 0 (`--depths 0`) is off the axis.
+            .filter(|p| p.0 >= 0.5)
             .collect();
         if method == "off" {
             let y = pts.first().map_or(0.0, |p| p.1);
