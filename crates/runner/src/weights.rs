@@ -198,6 +198,18 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
             }
         }
         let files: Vec<PathBuf> = files.into_iter().map(|f| dir.join(f)).collect();
+        let single = dir.join("model.safetensors");
+        if single.is_file() && !files.contains(&single) {
+            // Two sets of weights. The index wins, as in vLLM (transformers
+            // takes the single file, mlx-lm loads both): a folder re-sharded
+            // in place keeps its old single file, never an index it lacked.
+            tracing::warn!(
+                index = %index.display(),
+                ignored = %single.display(),
+                "the folder holds both a shard index and model.safetensors: loading the \
+                 index's shards; delete whichever is stale"
+            );
+        }
         for f in &files {
             if !f.is_file() {
                 return Err(Error::MissingFile {

@@ -546,6 +546,21 @@ fn index_files_name_the_shard_or_the_key() {
     );
 }
 
+#[test]
+fn an_index_beside_a_single_file_loads_the_index_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for f in ["model.safetensors", "model-00001-of-00001.safetensors"] {
+        std::fs::write(d.join(f), b"").unwrap();
+    }
+    let v = serde_json::json!({"weight_map": {"a": "model-00001-of-00001.safetensors"}});
+    std::fs::write(d.join("model.safetensors.index.json"), v.to_string()).unwrap();
+    assert_eq!(
+        runner::testing::weight_files(d).unwrap(),
+        [d.join("model-00001-of-00001.safetensors")]
+    );
+}
+
 /// Generates from a fresh plain session of a Qwen3 fixture with `context`
 /// positions: the result, and the session's offset afterwards.
 fn generate(
