@@ -6,7 +6,9 @@ use anyhow::{Result, bail};
 
 use crate::{cmd, deps, tidy};
 
-/// fmt check, clippy with `-D warnings`, the dependency-graph and tidy checks, then all tests.
+/// fmt check, clippy with `-D warnings`, rustdoc with `-D warnings` (a public
+/// item's docs must not link to private ones), the dependency-graph and tidy
+/// checks, then all tests.
 pub(crate) fn run(args: &[String]) -> Result<()> {
     if let Some(a) = args.first() {
         bail!("`ci` takes no arguments (got `{a}`)");
@@ -23,6 +25,12 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             "-D",
             "warnings",
         ]),
+    )?;
+    cmd::run(
+        "doc",
+        cmd::cargo()
+            .args(["doc", "--no-deps", "--workspace"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     deps::run()?;
     tidy::run()?;

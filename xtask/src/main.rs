@@ -29,7 +29,7 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [args]
 
 commands:
-  ci                 fmt check, clippy -D warnings, dependency-graph and tidy checks, all tests
+  ci                 fmt check, clippy and rustdoc -D warnings, dependency-graph and tidy checks, all tests
   deps               check the crate graph against docs/ARCHITECTURE.md alone
   tidy               house-style checks: `//!` openers, no `kind()` strings, unused
                      dependencies, functions over 80 lines, module cycles

@@ -182,7 +182,7 @@ impl Array {
         Ok(self.to_vec::<T>()?[0])
     }
 
-    /// Keeps this array alive until the returned guard drops (see [`crate::pin`]).
+    /// Keeps this array alive until the returned guard drops (see [`crate::Pinned`]).
     #[must_use = "the pin is released as soon as the guard is dropped"]
     pub fn pin(&self) -> crate::Pinned {
         crate::Pinned::new(self)

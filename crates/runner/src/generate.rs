@@ -162,7 +162,7 @@ impl Session<'_> {
     /// prompt, a prompt that does not fit the context, ids outside the
     /// vocabulary: checked before anything runs, the session is left as it
     /// was. Errors while running (MLX errors, non-finite logits) empty the
-    /// session first ([`Session::empty_after`]): its caches may be
+    /// session first (`Session::empty_after`): its caches may be
     /// part-written.
     pub fn generate(
         &mut self,

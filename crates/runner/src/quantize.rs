@@ -107,7 +107,7 @@ pub(crate) fn is_mtp_module(path: &str, num_hidden_layers: usize) -> bool {
 }
 
 /// Quantizes every linear and embedding matrix and every MoE expert stack
-/// (see [`plan`]) of the model in `src` into a new folder `dst`:
+/// (see `plan`) of the model in `src` into a new folder `dst`:
 /// `model.safetensors` (norms and other vectors unchanged),
 /// `config.json` with the `quantization` block (and its `quantization_config`
 /// copy), the tokenizer and generation files, and a README.md saying how it

@@ -232,7 +232,7 @@ impl<'m> Session<'m> {
     /// A speculative session reports the chunks to its drafter.
     ///
     /// # Errors
-    /// MLX errors; the session is then emptied (see [`Session::empty_after`]).
+    /// MLX errors; the session is then emptied (see `Session::empty_after`).
     pub fn prefill(
         &mut self,
         tokens: &[u32],
@@ -275,7 +275,7 @@ impl<'m> Session<'m> {
     /// # Errors
     /// [`Error::InvalidOption`] when `n` is past the committed tokens (the
     /// session is left as it was); MLX errors of the replay (the session is
-    /// then emptied, see [`Session::empty_after`]).
+    /// then emptied, see `Session::empty_after`).
     pub fn rewind_to(&mut self, n: usize) -> Result<()> {
         self.rewind_replaying(n).map(|_| ())
     }
@@ -408,7 +408,7 @@ impl<'m> Session<'m> {
 
     /// Restores every cache from `rest` to hold `tokens` (a prefix of the
     /// tokens it was taken under; check with [`AtRest::restores_to`]).
-    /// On an error the session is emptied (see [`Session::empty_after`]).
+    /// On an error the session is emptied (see `Session::empty_after`).
     pub(crate) fn restore(&mut self, rest: &AtRest, tokens: &[u32]) -> Result<()> {
         let r = self.restore_inner(rest, tokens);
         self.empty_after(r)

@@ -258,7 +258,7 @@ pub(crate) fn on_cuda() -> bool {
 /// [1, Hkv, S, D]` (`S ≥ L`, the last `L` keys are the queries' own), grouped
 /// by reshaping instead of repeating the keys. The softmax runs in f32.
 /// Under [`shape_buckets`] the keys are padded with zeros to
-/// [`key_bucket`] and the padding masked out.
+/// the key bucket (`key_bucket`) and the padding masked out.
 pub fn explicit(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
     let (hq, l, d) = (q.dim(1), q.dim(2), q.dim(3));
     let (hkv, live) = (k.dim(1), k.dim(2));

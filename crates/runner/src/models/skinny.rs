@@ -304,8 +304,8 @@ pub(crate) fn matmul_t(x: &Array, w: &Array) -> Result<Array> {
     matmul_t_variant(x, w, variant())
 }
 
-/// [`matmul_t`] with the kernel's load scheme `variant` (0–7, see
-/// [`SOURCE`]), for measurement.
+/// The few-rows product (`matmul_t`) with the kernel's load scheme
+/// `variant` (0–7, see the kernel source `SOURCE`), for measurement.
 pub fn matmul_t_variant(x: &Array, w: &Array, variant: i32) -> Result<Array> {
     let n = w.dim(0);
     let mut shape = x.shape().to_vec();
