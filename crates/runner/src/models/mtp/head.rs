@@ -100,27 +100,6 @@ impl FlushBudget {
     }
 }
 
-/// The fewest rows a flush span takes whatever the scratch budget
-/// (`MTP_FLUSH_MIN_ROWS`, default 1: the budget alone). Every span but a
-/// flush's last ends in a host sync, so a small budget makes a request's
-/// first round (the prompt's pairs) and each return from plain decoding sync
-/// once per few rows.
-fn flush_min_rows() -> usize {
-    thread_local! {
-        static ROWS: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
-    }
-    crate::switch::get_parsed(
-        &ROWS,
-        "MTP_FLUSH_MIN_ROWS",
-        |raw| match raw {
-            None => Some(1),
-            Some(v) => v.parse().ok().filter(|&n: &usize| (1..=4096).contains(&n)),
-        },
-        1,
-        "a row count from 1 to 4096",
-    )
-}
-
 impl MtpHead {
     /// Loads the head of `layout` from `w`, sharing `embed` (`[V, H]`) and,
     /// unless the layout carries its own, the trunk's `lm_head`; its block's
@@ -431,10 +410,9 @@ impl DraftHead for MtpHead {
         &mut self.caches
     }
 
-    /// Bounded by the head's scratch budget (see [`FlushBudget`]), but at
-    /// least [`flush_min_rows`].
+    /// Bounded by the head's scratch budget (see [`FlushBudget`]).
     fn flush_span(&self, at: usize) -> usize {
-        self.flush.rows(at).max(flush_min_rows())
+        self.flush.rows(at)
     }
 
     /// Under shape buckets, a prefill-sized flush runs over the bucketed row
