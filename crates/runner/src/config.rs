@@ -6,6 +6,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result, read_json};
 
+mod defaults;
 mod hybrid;
 
 pub use hybrid::{HybridConfig, LayerKind};
@@ -268,9 +269,13 @@ impl ModelConfig {
     }
 
     /// A nested `text_config` and transformers 5 `rope_parameters` are
-    /// flattened first (see [`hybrid`]).
+    /// flattened first (see [`hybrid`]), then the model type's defaults fill
+    /// the keys it leaves out (see [`defaults`]).
     pub(crate) fn from_value(value: serde_json::Value, path: &Path) -> Result<ModelConfig> {
         let mut value = hybrid::normalise(value);
+        if let Some(top) = value.as_object_mut() {
+            defaults::apply(top);
+        }
         // Every layer of a Qwen3.5-MoE model is sparse, so its config has no
         // dense `intermediate_size`; the expert width stands in for it (the
         // size checks and any dense layer a family would build read it).

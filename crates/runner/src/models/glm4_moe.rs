@@ -37,7 +37,7 @@ pub(crate) fn build_glm4_moe(
 
 /// The MoE block config of a GLM-4.5 `config.json`, refusing the router
 /// variants that are not implemented; transformers' defaults where keys are
-/// absent (`first_k_dense_replace` 1, `norm_topk_prob` true).
+/// absent (`norm_topk_prob` true).
 fn moe_config(c: &ModelConfig) -> Result<Option<MoeConfig>> {
     let raw = &c.raw;
     for (key, want) in [("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")] {
@@ -58,13 +58,9 @@ fn moe_config(c: &ModelConfig) -> Result<Option<MoeConfig>> {
         },
         norm_topk_prob: true,
     };
-    let mut moe = MoeConfig::parse(c, defaults)?;
-    if let Some(m) = &mut moe
-        && raw["first_k_dense_replace"].is_null()
-    {
-        m.sparse.first_dense = 1;
-    }
-    Ok(moe)
+    // `first_k_dense_replace` (1) and `n_shared_experts` (1) when absent
+    // come from `config::defaults`.
+    MoeConfig::parse(c, defaults)
 }
 
 /// GQA attention with biased q/k/v and an unbiased output projection.
@@ -197,14 +193,9 @@ impl Glm4Moe {
         drop(stack);
         let norm = rms_norm(trunk.pp("norm"), h, c.rms_norm_eps)?;
         let lm_head = load_lm_head(c, w, &embed, layout)?;
-        // transformers' default for GLM-4.5 when the config leaves it out.
-        let factor = if c.raw["partial_rotary_factor"].is_null() {
-            0.5
-        } else {
-            c.partial_rotary_factor
-        };
+        // 0.5 when the config leaves it out (`config::defaults`).
         let rope = Rope::new(
-            (c.head_dim as f32 * factor) as usize,
+            (c.head_dim as f32 * c.partial_rotary_factor) as usize,
             c.rope_theta,
             &c.rope_scaling,
         )?;

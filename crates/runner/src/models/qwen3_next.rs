@@ -163,14 +163,9 @@ impl Qwen3Next {
         drop(stack);
         let norm = load_norm(trunk.pp("norm"), h, c.rms_norm_eps, shift)?;
         let lm_head = load_lm_head(c, w, &embed, layout)?;
-        // transformers' default for Qwen3-Next when the config leaves it out.
-        let factor = if c.raw["partial_rotary_factor"].is_null() {
-            0.25
-        } else {
-            c.partial_rotary_factor
-        };
+        // 0.25 when the config leaves it out (`config::defaults`).
         let rope = Rope::new(
-            (c.head_dim as f32 * factor) as usize,
+            (c.head_dim as f32 * c.partial_rotary_factor) as usize,
             c.rope_theta,
             &c.rope_scaling,
         )?;

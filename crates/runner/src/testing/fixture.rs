@@ -136,6 +136,11 @@ impl Fixture {
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64
             });
         }
+        if self.arch == Arch::Mistral {
+            // As Mistral v0.2 and later write it: full attention. Absent, the
+            // window would be transformers' default 4096.
+            c["sliding_window"] = Value::Null;
+        }
         if self.mtp {
             c["mtp_num_hidden_layers"] = json!(1);
         }

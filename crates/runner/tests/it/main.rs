@@ -16,6 +16,7 @@ mod writer;
 mod attention_paths;
 mod bad_input;
 mod cancel;
+mod config_keys;
 mod draft_head;
 mod drafters;
 mod families;

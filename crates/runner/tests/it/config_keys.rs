@@ -1,0 +1,116 @@
+//! Config keys that real checkpoints vary: what a family's transformers
+//! config class fills in for a key config.json leaves out, keys given in two
+//! places (top level, `rope_scaling`, `rope_parameters`, `text_config`) that
+//! must agree, which layers slide when only `use_sliding_window` says so, and
+//! keys whose meaning the references do not share. Each numeric case compares
+//! logits with the same checkpoint's value written out, beside a control that
+//! must differ.
+
+use crate::common;
+use crate::formats::prepared;
+use crate::strict_loading::edit_config;
+
+use std::path::{Path, PathBuf};
+
+use mlx_tensor::Array;
+use runner::ModelConfig;
+use serde_json::{Value, json};
+
+fn formats(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/formats")
+        .join(name)
+}
+
+/// Logits of every position of a 12-token prompt, f32.
+fn logits(dir: &Path) -> Vec<f32> {
+    let m = common::load(dir);
+    let prompt = [5u32, 9, 200, 3, 17, 42, 8, 99, 150, 61, 7, 230];
+    let ids = Array::from_slice(&prompt, &[prompt.len() as i32]).unwrap();
+    let h = m.model.forward(&ids, &mut m.model.new_caches()).unwrap();
+    m.model.unembed(&h).unwrap().to_vec::<f32>().unwrap()
+}
+
+/// The logits of the format fixture `name` with its config edited by `edit`.
+fn edited(name: &str, edit: impl FnOnce(&mut Value)) -> Vec<f32> {
+    let dir = prepared(&formats(name));
+    edit_config(dir.path(), edit);
+    logits(dir.path())
+}
+
+fn remove(v: &mut Value, key: &str) {
+    v.as_object_mut().unwrap().remove(key);
+}
+
+#[test]
+fn absent_keys_compute_what_the_config_class_defaults_to() {
+    // Qwen3.5 rotates a quarter of each head when no factor is named.
+    let q35 = "qwen3_5-hf-f32";
+    fn rope(v: &mut Value) -> &mut Value {
+        &mut v["text_config"]["rope_parameters"]
+    }
+    let written = edited(q35, |_| {});
+    assert_eq!(
+        edited(q35, |v| remove(rope(v), "partial_rotary_factor")),
+        written,
+        "qwen3_5: absent partial_rotary_factor must be 0.25"
+    );
+    assert_ne!(
+        edited(q35, |v| rope(v)["partial_rotary_factor"] = json!(1.0)),
+        written,
+        "control: whole-head RoPE must differ"
+    );
+    // GLM-4.5 normalises with 1e-5 and rotates half of each head.
+    let glm = "glm4_moe-hf-f32";
+    let eps5 = edited(glm, |v| v["rms_norm_eps"] = json!(1e-5));
+    assert_eq!(
+        edited(glm, |v| remove(v, "rms_norm_eps")),
+        eps5,
+        "glm4_moe: absent rms_norm_eps must be 1e-5"
+    );
+    assert_ne!(edited(glm, |_| {}), eps5, "control: the fixture's 1e-6");
+    assert_eq!(
+        edited(glm, |v| remove(v, "partial_rotary_factor")),
+        edited(glm, |_| {}),
+        "glm4_moe: absent partial_rotary_factor must be 0.5"
+    );
+}
+
+/// Parses a minimal config of `model_type` with `extra` merged in.
+fn config(model_type: &str, extra: Value) -> runner::Result<ModelConfig> {
+    let mut v = json!({"model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 300});
+    for (k, x) in extra.as_object().unwrap() {
+        v[k] = x.clone();
+    }
+    ModelConfig::from_json(&v.to_string(), Path::new("config.json"))
+}
+
+#[test]
+fn each_model_type_gets_its_config_class_defaults() {
+    let c = |t: &str, extra: Value| config(t, extra).unwrap();
+    // Generic: head_dim = hidden / heads, eps 1e-6, no window.
+    let llama = c("llama", json!({}));
+    assert_eq!((llama.head_dim, llama.rms_norm_eps), (16, 1e-6));
+    assert_eq!(llama.sliding_window, None);
+    assert_eq!(c("qwen3", json!({})).head_dim, 128);
+    assert_eq!(c("qwen3", json!({"head_dim": 16})).head_dim, 16);
+    for t in ["qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_next"] {
+        let q = c(t, json!({}));
+        assert_eq!((q.head_dim, q.partial_rotary_factor), (256, 0.25), "{t}");
+    }
+    // An explicit value wins, and an explicit null stays null (1 here, as in transformers).
+    let q = c("qwen3_next", json!({"partial_rotary_factor": 0.5}));
+    assert_eq!(q.partial_rotary_factor, 0.5);
+    let q = c("qwen3_5_text", json!({"partial_rotary_factor": null}));
+    assert_eq!(q.partial_rotary_factor, 1.0);
+    let g = c("glm4_moe", json!({}));
+    assert_eq!((g.rms_norm_eps, g.partial_rotary_factor), (1e-5, 0.5));
+    assert_eq!(
+        c("glm4_moe", json!({"rms_norm_eps": 1e-6})).rms_norm_eps,
+        1e-6
+    );
+    assert_eq!(c("mistral", json!({})).sliding_window, Some(4096));
+    let m = c("mistral", json!({"sliding_window": null}));
+    assert_eq!(m.sliding_window, None);
+}
