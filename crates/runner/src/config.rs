@@ -8,6 +8,7 @@ use crate::error::{Error, Result, read_json};
 
 mod defaults;
 mod hybrid;
+mod rope_keys;
 
 pub use hybrid::{HybridConfig, LayerKind};
 
@@ -269,9 +270,11 @@ impl ModelConfig {
     }
 
     /// A nested `text_config` and transformers 5 `rope_parameters` are
-    /// flattened first (see [`hybrid`]), then the model type's defaults fill
-    /// the keys it leaves out (see [`defaults`]).
+    /// flattened first (see [`hybrid`]; keys given in two places must agree,
+    /// see [`rope_keys`]), then the model type's defaults fill the keys it
+    /// leaves out (see [`defaults`]).
     pub(crate) fn from_value(value: serde_json::Value, path: &Path) -> Result<ModelConfig> {
+        rope_keys::check(&value, path)?;
         let mut value = hybrid::normalise(value);
         if let Some(top) = value.as_object_mut() {
             defaults::apply(top);

@@ -45,8 +45,9 @@ impl HybridConfig {
 
 /// Moves a nested `text_config` to the top level (top-level keys fill what
 /// it lacks, `architectures` and `model_type` stay the outer ones), and lifts
-/// `rope_parameters` (transformers 5) into `rope_theta`,
-/// `partial_rotary_factor` and `rope_scaling` where those are absent.
+/// the RoPE dict (`rope_scaling`, else transformers 5's `rope_parameters`)
+/// into `rope_theta`, `partial_rotary_factor` and `rope_scaling` (see
+/// [`super::rope_keys`]).
 pub(super) fn normalise(value: Value) -> Value {
     let Value::Object(mut top) = value else {
         return value;
@@ -63,14 +64,7 @@ pub(super) fn normalise(value: Value) -> Value {
         }
         top = merged;
     }
-    if let Some(Value::Object(rope)) = top.get("rope_parameters").cloned() {
-        for key in ["rope_theta", "partial_rotary_factor"] {
-            if let Some(v) = rope.get(key) {
-                top.entry(key).or_insert(v.clone());
-            }
-        }
-        top.entry("rope_scaling").or_insert(Value::Object(rope));
-    }
+    super::rope_keys::lift(&mut top);
     Value::Object(top)
 }
 

@@ -13,7 +13,7 @@ use crate::strict_loading::edit_config;
 use std::path::{Path, PathBuf};
 
 use mlx_tensor::Array;
-use runner::ModelConfig;
+use runner::{ModelConfig, RopeScaling};
 use serde_json::{Value, json};
 
 fn formats(name: &str) -> PathBuf {
@@ -113,4 +113,68 @@ fn each_model_type_gets_its_config_class_defaults() {
     assert_eq!(c("mistral", json!({})).sliding_window, Some(4096));
     let m = c("mistral", json!({"sliding_window": null}));
     assert_eq!(m.sliding_window, None);
+}
+
+#[test]
+fn keys_given_in_two_places_must_agree() {
+    let refusals: Vec<(Value, &[&str])> = vec![
+        // transformers 5 reads rope_parameters' 1e6, mlx-lm the top level's 1e4.
+        (
+            json!({"rope_theta": 10000, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
+            &["key `rope_theta`", "1000000", "10000", "give one value"],
+        ),
+        (
+            json!({"partial_rotary_factor": 0.5,
+                   "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.25}}),
+            &["key `partial_rotary_factor`", "0.25", "0.5"],
+        ),
+        // Qwen's long-context recipe added to a transformers 5 config:
+        // transformers would run YaRN at its default rope_theta, mlx-lm at 1e6.
+        (
+            json!({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+                   "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                    "original_max_position_embeddings": 32768}}),
+            &[
+                "key `rope_theta`",
+                "rope_parameters only",
+                "into rope_scaling",
+            ],
+        ),
+        // transformers ties by the outer config, mlx-lm by text_config.
+        (
+            json!({"tie_word_embeddings": true, "text_config": {"tie_word_embeddings": false}}),
+            &["key `tie_word_embeddings`", "text_config"],
+        ),
+    ];
+    for (extra, needles) in refusals {
+        let e = config("qwen3", extra.clone())
+            .expect_err("must be refused")
+            .to_string();
+        for n in needles {
+            assert!(e.contains(n), "{extra}: `{e}` should mention `{n}`");
+        }
+    }
+    // Places that agree (10000 and 1e4 are one number).
+    let c = config(
+        "qwen3",
+        json!({"rope_theta": 1e6, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000}}),
+    )
+    .unwrap();
+    assert_eq!(c.rope_theta, 1e6);
+    // `rope_scaling: null` is unset: rope_parameters' scaling applies.
+    let c = config(
+        "qwen3",
+        json!({"rope_scaling": null,
+               "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}}),
+    )
+    .unwrap();
+    assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 2.0 });
+    assert_eq!(c.rope_theta, 5e5);
+    // rope_theta inside rope_scaling, as transformers 5 reads it.
+    let c = config(
+        "qwen3",
+        json!({"rope_scaling": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}}),
+    )
+    .unwrap();
+    assert_eq!(c.rope_theta, 5e5);
 }
