@@ -40,9 +40,22 @@ pub(crate) enum WindowRule {
     Never,
     /// Every layer, when `sliding_window` is set (Mistral).
     Always,
-    /// The layers `layer_types` marks `sliding_attention`, else those at or
-    /// after `max_window_layers` when `use_sliding_window` (Qwen2, Qwen3).
-    LayerTypes,
+    /// The layers `layer_types` marks `sliding_attention`; without
+    /// `layer_types`, those the member's rule picks when `use_sliding_window`.
+    LayerTypes(Unlisted),
+}
+
+/// Which layers attend over the window when `use_sliding_window` is true and
+/// config.json lists no `layer_types`: the `layer_types` each transformers 5
+/// config class derives (`max_window_layers` 28 when absent: `config::defaults`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unlisted {
+    /// Layers at or after `max_window_layers` (Qwen2, Qwen3).
+    FromMaxWindowLayers,
+    /// Even-indexed layers below `max_window_layers` (Qwen2-MoE).
+    EvenBelowMaxWindowLayers,
+    /// Every layer (Qwen3-MoE reads no `max_window_layers`).
+    Every,
 }
 
 const LLAMA: Variant = Variant {
@@ -82,7 +95,7 @@ pub(crate) fn build_qwen2(
 ) -> Result<Box<dyn Model>> {
     let v = Variant {
         qkv_bias: true,
-        window: WindowRule::LayerTypes,
+        window: WindowRule::LayerTypes(Unlisted::FromMaxWindowLayers),
         ..LLAMA
     };
     Ok(Box::new(Llama::load(c, w, v, l)?))
@@ -96,7 +109,7 @@ pub(crate) fn build_qwen3(
 ) -> Result<Box<dyn Model>> {
     let v = Variant {
         qk_norm: true,
-        window: WindowRule::LayerTypes,
+        window: WindowRule::LayerTypes(Unlisted::FromMaxWindowLayers),
         ..LLAMA
     };
     Ok(Box::new(Llama::load(c, w, v, l)?))
@@ -110,7 +123,7 @@ pub(crate) fn build_qwen2_moe(
 ) -> Result<Box<dyn Model>> {
     let v = Variant {
         qkv_bias: true,
-        window: WindowRule::LayerTypes,
+        window: WindowRule::LayerTypes(Unlisted::EvenBelowMaxWindowLayers),
         moe: true,
         ..LLAMA
     };
@@ -125,7 +138,7 @@ pub(crate) fn build_qwen3_moe(
 ) -> Result<Box<dyn Model>> {
     let v = Variant {
         qk_norm: true,
-        window: WindowRule::LayerTypes,
+        window: WindowRule::LayerTypes(Unlisted::Every),
         moe: true,
         ..LLAMA
     };
@@ -197,9 +210,23 @@ fn check_config(c: &ModelConfig, v: Variant) -> Result<Vec<Option<usize>>> {
         .map(|a| a.iter().map(|t| t.as_str().unwrap_or("?")).collect())
         .unwrap_or_default();
     Ok(match v.window {
+        // transformers' Llama has no sliding window; mlx-lm's slides the
+        // layers `layer_types` marks: refused rather than either.
+        WindowRule::Never if window.is_some() && layer_types.contains(&"sliding_attention") => {
+            return Err(c.unsupported_key(
+                "layer_types",
+                format!(
+                    "marks sliding_attention layers, which `{}` does not have in transformers \
+                     (mlx-lm slides them over sliding_window {}); set sliding_window to null \
+                     for full attention",
+                    c.model_type,
+                    window.unwrap_or_default()
+                ),
+            ));
+        }
         WindowRule::Never => vec![None; n],
         WindowRule::Always => vec![window; n],
-        WindowRule::LayerTypes if !layer_types.is_empty() => {
+        WindowRule::LayerTypes(_) if !layer_types.is_empty() => {
             if layer_types.len() != n {
                 return Err(c.unsupported_key(
                     "layer_types",
@@ -228,11 +255,18 @@ fn check_config(c: &ModelConfig, v: Variant) -> Result<Vec<Option<usize>>> {
                 })
                 .collect::<Result<_>>()?
         }
-        WindowRule::LayerTypes => {
-            let from = raw["max_window_layers"].as_u64().unwrap_or(0) as usize;
+        WindowRule::LayerTypes(rule) => {
+            let max = raw["max_window_layers"].as_u64().unwrap_or(0) as usize;
             let on = raw["use_sliding_window"].as_bool().unwrap_or(false);
             (0..n)
-                .map(|i| if on && i >= from { window } else { None })
+                .map(|i| {
+                    let slides = match rule {
+                        Unlisted::FromMaxWindowLayers => i >= max,
+                        Unlisted::EvenBelowMaxWindowLayers => i % 2 == 0 && i < max,
+                        Unlisted::Every => true,
+                    };
+                    if on && slides { window } else { None }
+                })
                 .collect()
         }
     })

@@ -8,11 +8,12 @@
 
 use crate::common;
 use crate::formats::prepared;
-use crate::strict_loading::edit_config;
+use crate::strict_loading::{edit_config, refused};
 
 use std::path::{Path, PathBuf};
 
 use mlx_tensor::Array;
+use runner::testing::{Arch, Fixture};
 use runner::{ModelConfig, RopeScaling};
 use serde_json::{Value, json};
 
@@ -177,4 +178,66 @@ fn keys_given_in_two_places_must_agree() {
     )
     .unwrap();
     assert_eq!(c.rope_theta, 5e5);
+}
+
+#[test]
+fn unlisted_sliding_layers_follow_each_config_class() {
+    // (fixture, max_window_layers, the layer_types transformers 5.25's config
+    // class derives for two layers with `use_sliding_window: true`)
+    let cases: [(&str, Option<u64>, [&str; 2]); 3] = [
+        // Qwen2: layers at or after max_window_layers.
+        (
+            "qwen2-yarn-hf-f32",
+            Some(1),
+            ["full_attention", "sliding_attention"],
+        ),
+        // Qwen2-MoE: even layers below max_window_layers (28 when absent).
+        (
+            "qwen2_moe-hf-f32",
+            None,
+            ["sliding_attention", "full_attention"],
+        ),
+        // Qwen3-MoE: every layer.
+        (
+            "qwen3_moe-hf-f32",
+            None,
+            ["sliding_attention", "sliding_attention"],
+        ),
+    ];
+    for (name, max, expected) in cases {
+        let window = |v: &mut Value, types: Option<[&str; 2]>| {
+            v["use_sliding_window"] = json!(true);
+            v["sliding_window"] = json!(3);
+            remove(v, "max_window_layers");
+            if let Some(m) = max {
+                v["max_window_layers"] = json!(m);
+            }
+            match types {
+                Some(t) => v["layer_types"] = json!(t),
+                None => remove(v, "layer_types"),
+            }
+        };
+        let derived = edited(name, |v| window(v, None));
+        assert_eq!(
+            derived,
+            edited(name, |v| window(v, Some(expected))),
+            "{name}: the unlisted rule must equal layer_types {expected:?}"
+        );
+        assert_ne!(
+            derived,
+            edited(name, |v| window(v, Some(["full_attention"; 2]))),
+            "{name}: control: a window of 3 over 12 positions must matter"
+        );
+    }
+}
+
+#[test]
+fn keys_the_references_read_differently_are_refused() {
+    // transformers' Llama has no sliding layers; mlx-lm's slides these.
+    let dir = common::write(&Fixture::new(Arch::Llama), 11);
+    edit_config(dir.path(), |v| {
+        v["sliding_window"] = json!(4);
+        v["layer_types"] = json!(["sliding_attention", "full_attention"]);
+    });
+    refused(dir.path(), &["layer_types", "sliding_attention", "mlx-lm"]);
 }
