@@ -154,6 +154,8 @@ struct RawConfig {
     bos_token_id: Option<TokenIds>,
     eos_token_id: Option<TokenIds>,
     torch_dtype: Option<String>,
+    /// transformers 5 writes `torch_dtype` under this name.
+    dtype: Option<serde_json::Value>,
     mtp_num_hidden_layers: Option<usize>,
     num_nextn_predict_layers: Option<usize>,
     mtp_norm_zero_centered: Option<bool>,
@@ -223,7 +225,7 @@ pub struct ModelConfig {
     pub bos_token_id: Vec<u32>,
     /// End-of-sequence ids.
     pub eos_token_id: Vec<u32>,
-    /// The checkpoint's dtype as declared.
+    /// The checkpoint's dtype as declared (`torch_dtype`, or transformers 5's `dtype`).
     pub torch_dtype: Option<String>,
     /// Declared MTP layers (`mtp_num_hidden_layers` or `num_nextn_predict_layers`).
     pub mtp_layers: usize,
@@ -422,12 +424,25 @@ impl ModelConfig {
             None => RopeScaling::None,
             Some(s) => parse_scaling(s, raw.max_position_embeddings, path)?,
         };
+        // transformers' ACT2FN maps `swish` to the same SiLU.
         if let Some(act) = &raw.hidden_act
             && act != "silu"
+            && act != "swish"
         {
             return Err(bad(
                 "hidden_act",
                 format!("`{act}` is not implemented (every supported family uses silu)"),
+            ));
+        }
+        // mlx-lm rotates interleaved pairs when this is true (weights converted
+        // from Meta's own checkpoints); transformers has no such key.
+        if value["rope_traditional"] == serde_json::Value::Bool(true) {
+            return Err(bad(
+                "rope_traditional",
+                "true (RoPE over interleaved pairs, as mlx-lm reads it) is not implemented: \
+                 every family here rotates half-split pairs as transformers does; convert the \
+                 model from its Hugging Face checkpoint"
+                    .into(),
             ));
         }
         // transformers 5 writes Qwen2-MoE's unused window as 0 beside
@@ -456,7 +471,12 @@ impl ModelConfig {
             vocab_size: raw.vocab_size,
             bos_token_id: raw.bos_token_id.map(|t| t.to_vec()).unwrap_or_default(),
             eos_token_id: raw.eos_token_id.map(|t| t.to_vec()).unwrap_or_default(),
-            torch_dtype: raw.torch_dtype,
+            torch_dtype: raw.torch_dtype.or_else(|| {
+                raw.dtype
+                    .as_ref()
+                    .and_then(|d| d.as_str())
+                    .map(str::to_owned)
+            }),
             mtp_layers: raw
                 .mtp_num_hidden_layers
                 .or(raw.num_nextn_predict_layers)

@@ -114,6 +114,9 @@ fn each_model_type_gets_its_config_class_defaults() {
     assert_eq!(c("mistral", json!({})).sliding_window, Some(4096));
     let m = c("mistral", json!({"sliding_window": null}));
     assert_eq!(m.sliding_window, None);
+    // transformers 5 writes `torch_dtype` as `dtype`.
+    let d = c("llama", json!({"dtype": "bfloat16"}));
+    assert_eq!(d.torch_dtype.as_deref(), Some("bfloat16"));
 }
 
 #[test]
@@ -240,4 +243,10 @@ fn keys_the_references_read_differently_are_refused() {
         v["layer_types"] = json!(["sliding_attention", "full_attention"]);
     });
     refused(dir.path(), &["layer_types", "sliding_attention", "mlx-lm"]);
+    // `swish` is transformers' other name for SiLU: the same numbers.
+    let silu = common::write(&Fixture::new(Arch::Qwen3), 12);
+    let swish = common::write(&Fixture::new(Arch::Qwen3), 12);
+    edit_config(silu.path(), |v| v["hidden_act"] = json!("silu"));
+    edit_config(swish.path(), |v| v["hidden_act"] = json!("swish"));
+    assert_eq!(logits(swish.path()), logits(silu.path()));
 }

@@ -124,6 +124,9 @@ fn biases_the_config_does_not_announce_are_refused() {
 fn unimplemented_config_keys_are_named() {
     let cases: Vec<(&str, serde_json::Value, &str)> = vec![
         ("hidden_act", json!("gelu"), "hidden_act"),
+        // mlx-lm's interleaved RoPE: transformers has no such key, and run
+        // half-split the weights of a Meta conversion give other numbers.
+        ("rope_traditional", json!(true), "rope_traditional"),
         (
             "attn_logit_softcapping",
             json!(50.0),
