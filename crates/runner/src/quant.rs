@@ -97,13 +97,7 @@ impl QuantConfig {
                  `mtp-runner quantize` or mlx_lm.convert"
             )));
         }
-        if let Some(mode) = obj.get("mode")
-            && mode != "affine"
-        {
-            return Err(bad(format!(
-                "mode {mode} is not supported (only \"affine\"); re-quantize with `mtp-runner quantize`"
-            )));
-        }
+        // `params` refuses a mode other than affine, here and per module.
         let default = params(obj, None, "").map_err(bad)?;
         let mut overrides = BTreeMap::new();
         for (name, v) in obj {
@@ -156,12 +150,21 @@ fn params(
     fallback: Option<QuantParams>,
     module: &str,
 ) -> std::result::Result<QuantParams, String> {
+    let at = if module.is_empty() {
+        String::new()
+    } else {
+        format!("module `{module}`: ")
+    };
+    // A module packed in another mode (mxfp4 scales are uint8, with no
+    // biases) must not be read as affine.
+    if let Some(mode) = o.get("mode")
+        && mode != "affine"
+    {
+        return Err(format!(
+            "{at}mode {mode} is not supported (only \"affine\"); re-quantize with `mtp-runner quantize`"
+        ));
+    }
     let field = |key: &str, allowed: &[u32], fb: Option<u32>| -> std::result::Result<u32, String> {
-        let at = if module.is_empty() {
-            String::new()
-        } else {
-            format!("module `{module}`: ")
-        };
         let n = match (o.get(key), fb) {
             (Some(v), _) => v
                 .as_u64()

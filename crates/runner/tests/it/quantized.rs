@@ -465,6 +465,18 @@ fn quantization_blocks_parse_as_mlx_lm_writes_them() {
         json!({"quantization_config": {"quant_method": "gptq", "bits": 4}}),
         Err("gptq"),
     );
+    // A module packed in another mode (uint8 scales, no biases) is refused
+    // by name, not read as affine; an explicit affine one is fine.
+    check(
+        json!({"quantization": {"group_size": 64, "bits": 4,
+            "lm_head": {"group_size": 32, "bits": 8, "mode": "mxfp8"}}}),
+        Err("module `lm_head`: mode \"mxfp8\" is not supported"),
+    );
+    check(
+        json!({"quantization": {"group_size": 64, "bits": 4,
+            "lm_head": {"group_size": 32, "bits": 3, "mode": "affine"}}}),
+        cfg(p(64, 4), &[("lm_head", Some(p(32, 3)))]),
+    );
     check(
         json!({"quantization": {"group_size": 64, "bits": 4, "lm_head": {"bits": 3, "group_size": 96}}}),
         Err("module `lm_head`"),
