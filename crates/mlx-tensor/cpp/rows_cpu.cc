@@ -47,7 +47,14 @@ namespace mtp_mlx {
 
 namespace {
 
-constexpr int kMaxRows = 8;
+// The most rows a product takes: a verify of up to 31 drafts. The kernels
+// keep the accumulators of at most `kGroupRows` rows at once; more rows go
+// as groups of that many over the same task's weight rows, which the later
+// groups read from cache (a task's 64 weight rows of a 1,024-wide f32 layer
+// are 256 KiB). Each row's sums have the same order whatever the group, so
+// row `i` of a 17-row verify equals the one-row step's product bit for bit.
+constexpr int kMaxRows = 32;
+constexpr int kGroupRows = 8;
 // Output features per task handed to a thread.
 constexpr int kTaskFeatures = 64;
 // Below this many weight elements one thread does the whole product (waking
@@ -193,7 +200,7 @@ void features_portable(const float* x, int rows, int k, const W* w, int n0, int 
   const int k8 = k - k % 8;
   for (int j = n0; j < n1; ++j) {
     const W* wj = w + static_cast<size_t>(j) * k;
-    float acc[kMaxRows][8] = {};
+    float acc[kGroupRows][8] = {};
     for (int c = 0; c < k8; c += 8) {
       float wv[8];
       for (int l = 0; l < 8; ++l) wv[l] = widen(wj[c + l]);
@@ -386,13 +393,24 @@ void features_x86(const float* x, int rows, int k, const W* w, int n0, int n1, f
 }
 #endif
 
+// At most `kGroupRows` rows.
 template <typename W>
-void features(const float* x, int rows, int k, const W* w, int n0, int n1, float* out, int n) {
+void features_group(const float* x, int rows, int k, const W* w, int n0, int n1, float* out, int n) {
 #ifdef MTP_X86
   if (use_wide()) return features_x86<true>(x, rows, k, w, n0, n1, out, n);
   if (has_avx2()) return features_x86<false>(x, rows, k, w, n0, n1, out, n);
 #endif
   features_portable(x, rows, k, w, n0, n1, out, n);
+}
+
+// Features `n0..n1` of `rows` rows (`x` `[rows, k]` dense, `out` `[rows, n]`),
+// in groups of `kGroupRows` rows (see `kMaxRows`).
+template <typename W>
+void features(const float* x, int rows, int k, const W* w, int n0, int n1, float* out, int n) {
+  for (int g = 0; g < rows; g += kGroupRows) {
+    features_group(x + static_cast<size_t>(g) * k, std::min(kGroupRows, rows - g), k, w, n0, n1,
+                   out + static_cast<size_t>(g) * n, n);
+  }
 }
 
 // Copies a 2-D array of `T` with element strides into a dense buffer of `D`

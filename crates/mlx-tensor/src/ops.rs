@@ -453,8 +453,10 @@ pub fn quantized_matmul(
     .map(Array::wrap)
 }
 
-/// The most rows [`rows_matmul_t`] takes.
-pub const ROWS_MATMUL_MAX_ROWS: i32 = 8;
+/// The most rows [`rows_matmul_t`] and [`quant_rows_matmul_t`] take: a
+/// verify of up to 31 drafts (more than 8 rows run as groups of 8 over each
+/// task's weight rows, the later groups reading them from cache).
+pub const ROWS_MATMUL_MAX_ROWS: i32 = 32;
 
 /// `x @ w.T` for `x: [..., k]` (any strides) whose leading axes hold 1 to
 /// [`ROWS_MATMUL_MAX_ROWS`] rows and a weight `w: [n, k]`, giving `[..., n]`,

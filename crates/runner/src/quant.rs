@@ -214,18 +214,35 @@ impl QuantizedTensor {
     }
 
     /// `x @ W.T` for `x` of shape `[..., in]`, without materialising `W`:
-    /// on the CPU for 1 to 8 rows of 4- or 8-bit codes, our few-rows kernel
-    /// (see [`cpu_rows_take`]), else MLX's `quantized_matmul`.
+    /// on the CPU for 4- or 8-bit codes, our few-rows kernel (see
+    /// [`cpu_rows_take`]; more rows than it takes, a prefill chunk, in
+    /// slices of [`ops::ROWS_MATMUL_MAX_ROWS`] rows), else MLX's
+    /// `quantized_matmul`.
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
-        if cpu_rows_take(x, self) {
-            return Ok(ops::quant_rows_matmul_t(
-                x,
-                &self.weight,
-                &self.scales,
-                &self.biases,
-                self.params.group_size as i32,
-                self.params.bits as i32,
-            )?);
+        if let Some(rows) = cpu_rows_take(x, self) {
+            let product = |x: &Array| {
+                ops::quant_rows_matmul_t(
+                    x,
+                    &self.weight,
+                    &self.scales,
+                    &self.biases,
+                    self.params.group_size as i32,
+                    self.params.bits as i32,
+                )
+            };
+            let max = ops::ROWS_MATMUL_MAX_ROWS;
+            if rows <= max {
+                return Ok(product(x)?);
+            }
+            let k = x.dim(-1);
+            let flat = x.reshape(&[rows, k])?;
+            let parts = (0..rows)
+                .step_by(max as usize)
+                .map(|r| product(&flat.slice_axis(0, r, (r + max).min(rows))?))
+                .collect::<mlx_tensor::Result<Vec<_>>>()?;
+            let mut shape = x.shape().to_vec();
+            *shape.last_mut().expect("rank ≥ 2") = self.weight.dim(0);
+            return Ok(ops::concatenate(&parts, 0)?.reshape(&shape)?);
         }
         Ok(ops::quantized_matmul(
             x,
@@ -281,10 +298,10 @@ pub fn set_cpu_quant_rows(on: bool) {
     crate::switch::set(&CPU_QROWS, on);
 }
 
-/// Whether `x @ q.W.T` goes to [`ops::quant_rows_matmul_t`]: on a CPU
-/// default device, 1 to [`ops::ROWS_MATMUL_MAX_ROWS`] rows of `x` (a plain
-/// step, a verify, a draft step), 4 or 8 bits in groups of 32, 64 or 128,
-/// scales in `x`'s float dtype.
+/// The row count of `x` when `x @ q.W.T` goes to
+/// [`ops::quant_rows_matmul_t`]: on a CPU default device, 4 or 8 bits in
+/// groups of 32, 64 or 128, scales in `x`'s float dtype; any number of rows
+/// (a plain step, a verify, a draft step, a prefill chunk in slices).
 ///
 /// Why: MLX's CPU `quantized_matmul` runs each row of `x` through the whole
 /// weight on its own (1 / 2 / 4 / 8 rows of a 1,024² 8-bit weight: 1.2 /
@@ -292,20 +309,26 @@ pub fn set_cpu_quant_rows(on: bool) {
 /// cost k + 1 plain steps and an MTP flush of a plain stretch as many steps
 /// again: auto speculation ran at 0.61 (8-bit) and 0.73 (4-bit) of plain
 /// decoding on tiny-mtp (`cargo xtask bench`, session 27). The kernel
-/// dequantizes each block of weight rows once for all rows.
-fn cpu_rows_take(x: &Array, q: &QuantizedTensor) -> bool {
+/// dequantizes each block of weight rows once for all rows. A prefill chunk
+/// has the same problem at scale: tiny-mtp's 880-token prompt took 14.8 s to
+/// its first token at 4 bits through MLX (0.40 s unquantized in f32); in
+/// slices of 32 rows the kernel multiplies at about the rate of OpenBLAS's
+/// f32 GEMM (`examples/gemm.rs --k 1024 --n 3072 --weights 24 --m 32`:
+/// `qrows-4` 40.8 ms, `qrows-8` 47.4, f32 `matmul` 48.6, `qmm-4` 2,108).
+fn cpu_rows_take(x: &Array, q: &QuantizedTensor) -> Option<i32> {
     use mlx_tensor::Dtype;
     let k = x.dim(-1);
     if x.ndim() < 2 || k <= 0 || mlx_tensor::default_device() != mlx_tensor::Device::Cpu {
-        return false;
+        return None;
     }
-    let rows = x.size() / k as usize;
-    (1..=ops::ROWS_MATMUL_MAX_ROWS as usize).contains(&rows)
+    let rows = i32::try_from(x.size() / k as usize).ok()?;
+    let takes = rows >= 1
         && matches!(q.params.bits, 4 | 8)
         && matches!(q.params.group_size, 32 | 64 | 128)
         && matches!(x.dtype(), Dtype::Float32 | Dtype::Bfloat16 | Dtype::Float16)
         && q.scales.dtype() == x.dtype()
         && q.biases.dtype() == x.dtype()
         && q.weight.ndim() == 2
-        && crate::switch::get(&CPU_QROWS, "MTP_CPU_QROWS", true)
+        && crate::switch::get(&CPU_QROWS, "MTP_CPU_QROWS", true);
+    takes.then_some(rows)
 }

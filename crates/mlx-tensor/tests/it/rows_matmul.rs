@@ -31,7 +31,7 @@ fn rounded(data: &[f32], shape: &[i32], dtype: Dtype) -> (Array, Vec<f32>) {
     (a, v)
 }
 
-/// f32, bf16 and f16 over 1-8 rows; `k` with and without an 8-lane tail;
+/// f32, bf16 and f16 over 1-32 rows (more than 8 go as groups of 8); `k` with and without an 8-lane tail;
 /// `n` below and above the size that splits the work over threads. f32 is
 /// within float rounding of an f64 sum (2e-6 of the row scale); the half
 /// types within their output rounding (2^-8 relative for bf16, 2^-11 for
@@ -45,7 +45,7 @@ fn rows_matmul_matches_a_float64_reference_in_every_dtype() {
     ] {
         for (n, k) in [(7, 300), (40, 64), (1100, 300), (600, 1024)] {
             let (w, wv) = rounded(&host_noise(1, n * k), &[n as i32, k as i32], dtype);
-            for rows in [1usize, 2, 3, 5, 8] {
+            for rows in [1usize, 2, 3, 5, 8, 9, 17, 32] {
                 let (x, xv) = rounded(
                     &host_noise(10 + rows as u64, rows * k),
                     &[rows as i32, k as i32],
@@ -76,19 +76,19 @@ fn a_row_is_the_same_alone_and_among_others() {
         let w = arr(&host_noise(2, n * k), &[n as i32, k as i32])
             .as_type(dtype)
             .unwrap();
-        let x = arr(&host_noise(3, 8 * k), &[8, k as i32])
+        let x = arr(&host_noise(3, 32 * k), &[32, k as i32])
             .as_type(dtype)
             .unwrap();
         let all = values(&ops::rows_matmul_t(&x, &w).unwrap());
-        for rows in [2, 5, 8] {
+        for rows in [2, 5, 8, 9, 17] {
             let some = values(&ops::rows_matmul_t(&x.slice_axis(0, 0, rows).unwrap(), &w).unwrap());
             assert_eq!(
                 some[..],
                 all[..rows as usize * n],
-                "{dtype:?}: {rows} rows vs 8"
+                "{dtype:?}: {rows} rows vs 32"
             );
         }
-        for r in 0..8 {
+        for r in 0..32 {
             let one = values(&ops::rows_matmul_t(&x.slice_axis(0, r, r + 1).unwrap(), &w).unwrap());
             let row = &all[r as usize * n..(r as usize + 1) * n];
             assert_eq!(one[..], row[..], "{dtype:?}: row {r} alone");
@@ -169,12 +169,12 @@ fn rows_matmul_refuses_what_it_cannot_compute() {
     let w = arr(&host_noise(6, 16 * 32), &[16, 32]);
     let x = |rows: usize, k: usize| arr(&host_noise(7, rows * k), &[rows as i32, k as i32]);
     let err = |r: mlx_tensor::Result<Array>| r.expect_err("an error").to_string();
-    assert!(err(ops::rows_matmul_t(&x(9, 32), &w)).contains("1 to 8 rows; got 9"));
+    assert!(err(ops::rows_matmul_t(&x(33, 32), &w)).contains("1 to 32 rows; got 33"));
     assert!(err(ops::rows_matmul_t(&x(2, 31), &w)).contains("does not match"));
     let x1 = x(1, 32).reshape(&[32]).unwrap();
     assert!(err(ops::rows_matmul_t(&x1, &w)).contains("ranks 1 and 2"));
-    let x9 = x(9, 32).reshape(&[3, 3, 32]).unwrap();
-    assert!(err(ops::rows_matmul_t(&x9, &w)).contains("1 to 8 rows; got 9"));
+    let x33 = x(33, 32).reshape(&[3, 11, 32]).unwrap();
+    assert!(err(ops::rows_matmul_t(&x33, &w)).contains("1 to 32 rows; got 33"));
     let xi = x(2, 32).as_type(Dtype::Int32).unwrap();
     let wi = w.as_type(Dtype::Int32).unwrap();
     assert!(err(ops::rows_matmul_t(&xi, &wi)).contains("f32, bf16 or f16"));
@@ -184,7 +184,7 @@ fn rows_matmul_refuses_what_it_cannot_compute() {
 
 /// `ops::quant_rows_matmul_t` against an f64 product with MLX's own
 /// dequantized weight, 4 and 8 bits, groups of 32, 64 and 128, f32 and
-/// bf16, 1-8 rows, one thread and all; and row `r` of a several-row product
+/// bf16, 1-17 rows, one thread and all; and row `r` of a several-row product
 /// equals the one-row product of `x[r]` bit for bit (a verify row is the
 /// plain step's product).
 #[test]
@@ -198,19 +198,19 @@ fn quantized_rows_match_the_dequantized_weight_and_themselves() {
                 for group in [32, 64, 128] {
                     let (w, s, b) = dense.quantize(group, bits).unwrap();
                     let wv = values(&ops::dequantize(&w, &s, &b, group, bits).unwrap());
-                    let (x8, xv8) = rounded(&host_noise(5, 8 * k), &[8, k as i32], dtype);
+                    let (x8, xv8) = rounded(&host_noise(5, 17 * k), &[17, k as i32], dtype);
                     let all = ops::quant_rows_matmul_t(&x8, &w, &s, &b, group, bits).unwrap();
                     assert_eq!(all.dtype(), dtype);
-                    assert_eq!(all.shape().as_slice(), &[8, n as i32]);
+                    assert_eq!(all.shape().as_slice(), &[17, n as i32]);
                     let all = values(&all);
-                    let case = format!("{dtype:?} {bits}-bit group {group} [8, {k}] x [{n}, {k}]");
-                    let want: Vec<f32> = reference(&xv8, &wv, 8, n, k)
+                    let case = format!("{dtype:?} {bits}-bit group {group} [17, {k}] x [{n}, {k}]");
+                    let want: Vec<f32> = reference(&xv8, &wv, 17, n, k)
                         .iter()
                         .map(|&v| v as f32)
                         .collect();
                     assert_close(&case, &all, &want, rel * (k as f32).sqrt());
-                    for rows in [1, 2, 5] {
-                        for r0 in [0, 8 - rows] {
+                    for rows in [1, 2, 5, 9] {
+                        for r0 in [0, 17 - rows] {
                             let x = x8.slice_axis(0, r0, r0 + rows).unwrap();
                             let some = values(
                                 &ops::quant_rows_matmul_t(&x, &w, &s, &b, group, bits).unwrap(),
@@ -231,7 +231,7 @@ fn quantized_rows_match_the_dequantized_weight_and_themselves() {
 }
 
 /// What the quantized kernel does not take is an error naming it, never a
-/// wrong product: other bit widths and group sizes, more than eight rows,
+/// wrong product: other bit widths and group sizes, more than 32 rows,
 /// a weight that does not match `x`.
 #[test]
 fn quantized_rows_refuse_what_they_do_not_take() {
@@ -243,8 +243,8 @@ fn quantized_rows_refuse_what_they_do_not_take() {
     let (w2, s2, b2) = dense.quantize(64, 2).unwrap();
     assert!(err(ops::quant_rows_matmul_t(&x, &w2, &s2, &b2, 64, 2)).contains("4- or 8-bit"));
     assert!(err(ops::quant_rows_matmul_t(&x, &w, &s, &b, 32, 4)).contains("does not match"));
-    let x9 = arr(&host_noise(8, 9 * k), &[9, k as i32]);
-    assert!(err(ops::quant_rows_matmul_t(&x9, &w, &s, &b, 64, 4)).contains("1 to 8 rows"));
+    let x33 = arr(&host_noise(8, 33 * k), &[33, k as i32]);
+    assert!(err(ops::quant_rows_matmul_t(&x33, &w, &s, &b, 64, 4)).contains("1 to 32 rows"));
     let short = arr(&host_noise(9, 64), &[1, 64]);
     assert!(err(ops::quant_rows_matmul_t(&short, &w, &s, &b, 64, 4)).contains("does not match"));
 }

@@ -706,7 +706,7 @@ mod tests {
     use crate::quant::QuantParams;
     use mlx_tensor::{Dtype, random};
 
-    /// On the CPU a dense layer sends 1-8 rows to the few-rows kernel and
+    /// On the CPU a dense layer sends 1-32 rows to the few-rows kernel and
     /// more to MLX's matmul; both agree with `x @ W.T` to float rounding (sums
     /// of ~300 unit-normal terms, |y| ~ 17: 1e-3 absolute is far above it),
     /// and every row of a several-row product equals that row alone bit for
@@ -716,15 +716,15 @@ mod tests {
         let w = random::normal(&[700, 300], Dtype::Float32, &random::key(1).unwrap()).unwrap();
         let layer = Linear::from_weight(&w, None, LinearLayout::TransposedView).unwrap();
         assert!(matches!(layer.kernel, Kernel::Dense { cpu_rows: true, .. }));
-        let x = random::normal(&[1, 9, 300], Dtype::Float32, &random::key(2).unwrap()).unwrap();
-        for rows in [1, 2, 5, 8, 9] {
+        let x = random::normal(&[1, 33, 300], Dtype::Float32, &random::key(2).unwrap()).unwrap();
+        for rows in [1, 2, 5, 8, 9, 17, 32, 33] {
             let xs = x.slice_axis(1, 0, rows).unwrap();
             let got = layer.forward(&xs).unwrap();
             assert_eq!(got.shape().to_vec(), vec![1, rows, 700]);
             let want = xs.matmul(&w.t().unwrap()).unwrap();
             let diff = max_diff(&got, &want);
             assert!(diff < 1e-3, "{rows} rows: max diff {diff}");
-            if rows <= 8 {
+            if rows <= mlx_tensor::ops::ROWS_MATMUL_MAX_ROWS {
                 let last = layer
                     .forward(&x.slice_axis(1, rows - 1, rows).unwrap())
                     .unwrap();
@@ -749,7 +749,7 @@ mod tests {
     }
 
     /// In bf16 and f16 on the CPU, a product of more rows than the few-rows
-    /// kernel takes (9, 40) runs widened to f32 and rounded once: within one
+    /// kernel takes (33, 40) runs widened to f32 and rounded once: within one
     /// output rounding of the f32 product of the same (rounded) operands, and
     /// each of its rows within one rounding of that row through the few-rows
     /// kernel (which also sums in f32 and rounds once). `|y|` here reaches ~60,
@@ -764,10 +764,10 @@ mod tests {
             let layer = Linear::from_weight(&w, None, LinearLayout::TransposedView).unwrap();
             let wt = w.t().unwrap();
             assert!(widens_on_cpu(
-                &rand(&[1, 9, 300], 4).as_type(dtype).unwrap(),
+                &rand(&[1, 33, 300], 4).as_type(dtype).unwrap(),
                 &wt
             ));
-            for rows in [9, 40] {
+            for rows in [33, 40] {
                 let x = random::normal(&[1, rows, 300], Dtype::Float32, &random::key(5).unwrap())
                     .unwrap()
                     .as_type(dtype)
@@ -894,6 +894,45 @@ mod tests {
             assert_eq!(sub.is_quantized(), full.is_quantized());
             let got = sub.forward(&x).unwrap();
             assert!(max_diff(&got, &want) < 1e-5, "{}", max_diff(&got, &want));
+        }
+    }
+
+    /// On the CPU a quantized layer's product of more rows than the few-rows
+    /// kernel takes (a prefill chunk) runs through it in slices: within the
+    /// kernel's rounding of MLX's `quantized_matmul` (`MTP_CPU_QROWS` off), in
+    /// the input's shape, and each row bit for bit that row alone (the
+    /// kernel's sums do not depend on the rows beside them).
+    #[test]
+    fn a_quantized_product_of_many_rows_runs_in_slices_of_the_rows_kernel() {
+        let w = rand(&[96, 128], 60);
+        let dense = Linear::from_weight(&w, None, LinearLayout::TransposedView).unwrap();
+        let p = QuantParams {
+            group_size: 64,
+            bits: 4,
+        };
+        let q = dense
+            .quantized_copy(p)
+            .unwrap()
+            .expect("128 inputs quantize");
+        let rows = 2 * mlx_tensor::ops::ROWS_MATMUL_MAX_ROWS + 5;
+        let x = rand(&[1, rows, 128], 61);
+        let got = q.forward(&x).unwrap();
+        assert_eq!(got.shape().to_vec(), vec![1, rows, 96]);
+        crate::quant::set_cpu_quant_rows(false);
+        let mlx = q.forward(&x);
+        crate::quant::set_cpu_quant_rows(true);
+        let diff = max_diff(&got, &mlx.unwrap());
+        assert!(diff < 1e-4, "sliced kernel vs quantized_matmul: {diff}");
+        for r in [0, 31, 32, 33, rows - 1] {
+            let alone = q.forward(&x.slice_axis(1, r, r + 1).unwrap()).unwrap();
+            assert_eq!(
+                alone.to_vec::<f32>().unwrap(),
+                got.slice_axis(1, r, r + 1)
+                    .unwrap()
+                    .to_vec::<f32>()
+                    .unwrap(),
+                "row {r} alone vs among {rows}"
+            );
         }
     }
 

@@ -1,7 +1,8 @@
 //! Greedy parity of MTP speculative decoding with plain decoding on the bundled
 //! tiny-mtp model (f32): 20 held-out prompts × 128 tokens at depths 1–4 and auto,
 //! an end-of-sequence token inside an accepted run, the budget cap on the draft
-//! length, cache bookkeeping after every call, and multi-turn continuation.
+//! length, cache bookkeeping after every call, and multi-turn continuation;
+//! and bf16 at depths 8 and 16.
 // The measured figures are reported on stderr (`-- --nocapture` shows them).
 #![allow(clippy::print_stderr)]
 
@@ -238,4 +239,33 @@ fn second_turn_on_a_speculative_session_equals_a_cold_plain_run() {
         let cold3 = plain(&m, &full, &opts);
         assert_eq!(third.token_ids, cold3.token_ids, "third turn at {depth:?}");
     }
+}
+
+/// In bf16 on the CPU, greedy speculation at the CLI's deepest fixed depths
+/// (verifies of 9 to 17 rows) equals plain decoding token for token: the
+/// few-rows matmul kernel takes up to 32 rows, each summed in the order of
+/// the one-row step, so a verify row's logits are the plain step's bit for
+/// bit. (With 9 or more rows sent to MLX's matmul, which sums in another
+/// order, the bf16 roundings parted and 'import numpy as np' diverged at
+/// its 54th token at depth 8.)
+#[test]
+fn deep_verifies_equal_plain_decoding_in_bf16() {
+    let opts = runner::LoadOptions {
+        dtype: mlx_tensor::Dtype::Bfloat16,
+        ..runner::LoadOptions::default()
+    };
+    let m = runner::load(&tiny_dir(), opts, |_, _| {}).expect("tiny-mtp loads in bf16");
+    let mut prompts = heldout_prompts(&m)[..4].to_vec();
+    let mut numpy = vec![0];
+    numpy.extend(m.tokenizer.encode("import numpy as np", false).unwrap());
+    prompts.push(numpy);
+    let mut drafted = 0;
+    for (i, prompt) in prompts.iter().enumerate() {
+        let want = plain(&m, prompt, &greedy(100, DepthPolicy::Fixed(0)));
+        for depth in [8, 16] {
+            let got = speculative(&m, prompt, &greedy(100, DepthPolicy::Fixed(depth)));
+            drafted += same_as_plain(&format!("prompt {i} at depth {depth}"), &got, &want).drafted;
+        }
+    }
+    assert!(drafted > 0, "nothing was drafted");
 }
