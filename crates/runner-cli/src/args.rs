@@ -390,7 +390,8 @@ pub(crate) enum DtypeArg {
     F16,
 }
 
-/// `--logit-bias ID=BIAS`: a token id and a finite bias.
+/// `--logit-bias ID=BIAS`: a token id and a bias from -100 to 100 (the
+/// range the HTTP API's `logit_bias` takes, as OpenAI's does).
 fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
     let (id, bias) = s
         .split_once('=')
@@ -403,14 +404,26 @@ fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
         .trim()
         .parse::<f32>()
         .ok()
-        .filter(|b| b.is_finite())
-        .ok_or_else(|| format!("`{bias}` is not a finite number"))?;
+        .filter(|b| (-100.0..=100.0).contains(b))
+        .ok_or_else(|| format!("`{bias}` is not a bias from -100 to 100"))?;
     Ok((id, bias))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logit_biases_take_the_api_range() {
+        assert_eq!(parse_logit_bias("198=-100"), Ok((198, -100.0)));
+        assert_eq!(parse_logit_bias(" 5 = 100 "), Ok((5, 100.0)));
+        for bad in ["5=101", "5=-100.5", "5=1e30", "5=inf", "5=NaN"] {
+            let e = parse_logit_bias(bad).unwrap_err();
+            assert!(e.contains("from -100 to 100"), "{bad}: {e}");
+        }
+        assert!(parse_logit_bias("5").unwrap_err().contains("ID=BIAS"));
+        assert!(parse_logit_bias("-1=2").unwrap_err().contains("token id"));
+    }
 
     #[test]
     fn timeouts_out_of_range_are_refused_with_the_range() {

@@ -335,6 +335,25 @@ fn load_draft_model(
         return Ok(None);
     };
     if !speculation(a).uses_draft_model(m.model.as_ref()) {
+        // Only `auto` gets here (the other modes refuse the flag up front):
+        // the model's own MTP head drafts. A path that is no folder is still
+        // a mistake worth stopping for; a folder is said to go unused.
+        if !dir.is_dir() {
+            return Err(Usage(format!(
+                "--draft-model {} is not a folder (and --speculative auto would not use it: \
+                 {} has an MTP head); drop --draft-model, or fix the path and pass \
+                 --speculative draft-model to draft with it",
+                dir.display(),
+                a.model.display()
+            ))
+            .into());
+        }
+        tracing::warn!(
+            "--draft-model {} is not used: --speculative auto drafts with the MTP head of {}; \
+             pass --speculative draft-model to draft with it instead",
+            dir.display(),
+            a.model.display()
+        );
         return Ok(None);
     }
     let draft = runner::load_draft(dir, &a.model, &m.tokenizer, load_options(a))

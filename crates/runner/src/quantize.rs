@@ -7,12 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use mlx_tensor::{Array, Dtype};
 use serde_json::Value;
 
-use crate::config::ModelConfig;
+use crate::config::{GenerationConfig, ModelConfig};
 use crate::error::{Error, Result, read_json};
 use crate::files::Presence;
 use crate::out_dir::StagedDir;
 use crate::quant::{QuantConfig, QuantParams, QuantizedTensor};
-use crate::weights::{TensorLayout, validate_header, weight_files};
+use crate::tokenizer::Tokenizer;
+use crate::weights::{TensorLayout, check_finite, validate_header, weight_files};
 
 /// Files copied verbatim when present (tokenizer, chat template, defaults).
 const COPIED: [&str; 9] = [
@@ -134,6 +135,11 @@ pub fn quantize_folder_cancellable(
     crate::files::check_model_folder(src)?;
     let config_path = src.join("config.json");
     let config = ModelConfig::load(src)?;
+    // The files it copies are read as the loader reads them: a source whose
+    // generation_config.json or tokenizer would not load is refused now, not
+    // written into an output that would not load either.
+    let generation_config = GenerationConfig::load(src)?;
+    Tokenizer::load(src, &config, &generation_config)?;
     let mut raw: Value = read_json(&config_path)?;
     if QuantConfig::from_config(&raw, &config_path)?.is_some() {
         return Err(Error::InvalidOption {
@@ -194,7 +200,15 @@ pub fn quantize_folder_cancellable(
         written_bytes: 0,
     };
     for file in &files {
-        for (name, a) in mlx_tensor::io::load_safetensors(file)?.tensors {
+        let tensors: Vec<(String, Array)> = mlx_tensor::io::load_safetensors(file)?
+            .tensors
+            .into_iter()
+            .collect();
+        // A NaN or infinity would be packed into codes and scales that look
+        // valid: refused, naming the tensor, as the loader refuses it.
+        let arrays: Vec<Array> = tensors.iter().map(|(_, a)| a.clone()).collect();
+        check_finite(&tensors, &arrays, Dtype::Float32)?;
+        for (name, a) in tensors {
             if cancel.load(Ordering::Relaxed) {
                 return Err(interrupted());
             }

@@ -221,9 +221,37 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         return Ok(files);
     }
     let single = dir.join("model.safetensors");
+    let found = safetensors_in(dir)?;
     if single.is_file() {
+        // Shards beside the single file (a second, unindexed set) are not
+        // read: said, as transformers and mlx-lm would read something else.
+        let others: Vec<String> = found
+            .iter()
+            .filter(|f| **f != single)
+            .map(|f| f.display().to_string())
+            .collect();
+        if !others.is_empty() {
+            tracing::warn!(
+                loaded = %single.display(),
+                ignored = %others.join(", "),
+                "the folder holds model.safetensors and other *.safetensors files without an \
+                 index: loading model.safetensors alone; delete the stale files, or write a \
+                 model.safetensors.index.json naming every shard"
+            );
+        }
         return Ok(vec![single]);
     }
+    if found.is_empty() {
+        return Err(Error::MissingFile {
+            path: single,
+            hint: "no *.safetensors weights in the model folder",
+        });
+    }
+    Ok(found)
+}
+
+/// The `*.safetensors` files of `dir`, sorted.
+fn safetensors_in(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|source| Error::Io {
             path: dir.to_owned(),
@@ -233,12 +261,6 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
         .collect();
     found.sort();
-    if found.is_empty() {
-        return Err(Error::MissingFile {
-            path: single,
-            hint: "no *.safetensors weights in the model folder",
-        });
-    }
     Ok(found)
 }
 
@@ -255,7 +277,11 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
 /// tensor, when a tensor is larger): the load's peak memory stays within a
 /// few percent of the weights (`tests/it/moe.rs` holds a 4-bit MoE model to
 /// 10%), where evaluating them all at once could double the float bytes.
-fn check_finite(sources: &[(String, Array)], converted: &[Array], dtype: Dtype) -> Result<()> {
+pub(crate) fn check_finite(
+    sources: &[(String, Array)],
+    converted: &[Array],
+    dtype: Dtype,
+) -> Result<()> {
     // `x * 0` is 0 for every finite x and NaN for NaN and ±inf, so the sum is
     // finite exactly when every element is.
     let probe = |a: &Array| -> Result<Array> {

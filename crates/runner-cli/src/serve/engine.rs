@@ -580,6 +580,15 @@ fn engine_main(
         chat: tokenizers.chat.is_some(),
     };
     let defaults = crate::generate_options(a, &m.generation_config);
+    // `--logit-bias` ids against the vocabulary: refused at start-up, not
+    // blamed on each request's `logit_bias`.
+    if let Err(e) = defaults
+        .sampling
+        .validate_for_vocab(tokenizers.plain.vocab_size())
+    {
+        let _ = ready.send(Err(crate::Usage(format!("--logit-bias: {e}")).into()));
+        return;
+    }
     tracing::info!(model = %card.id, speculation = card.speculation, "engine ready");
     let mut worker = Worker {
         config: &config,

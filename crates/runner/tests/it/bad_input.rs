@@ -559,6 +559,12 @@ fn an_index_beside_a_single_file_loads_the_index_shards() {
         runner::testing::weight_files(d).unwrap(),
         [d.join("model-00001-of-00001.safetensors")]
     );
+    // Without the index, model.safetensors alone (the stray shard is warned of).
+    std::fs::remove_file(d.join("model.safetensors.index.json")).unwrap();
+    assert_eq!(
+        runner::testing::weight_files(d).unwrap(),
+        [d.join("model.safetensors")]
+    );
 }
 
 /// Generates from a fresh plain session of a Qwen3 fixture with `context`

@@ -598,3 +598,45 @@ fn quantized_mtp_head_speculates_losslessly() {
         }
     }
 }
+
+/// A source the loader would refuse is refused by `quantize_folder` too,
+/// before any output exists: a broken generation_config.json or
+/// tokenizer.json (files it copies) and a NaN in a weight (which packing
+/// would turn into codes and scales that look valid).
+#[test]
+fn a_source_the_loader_refuses_is_not_quantized() {
+    let damaged = |damage: &dyn Fn(&Path)| {
+        let src = common::write(&Fixture::new(Arch::Llama), 1);
+        damage(src.path());
+        assert!(
+            runner::load(src.path(), runner::LoadOptions::default(), |_, _| {}).is_err(),
+            "the damaged fixture must not load"
+        );
+        let fresh = tempfile::tempdir().unwrap();
+        let out = fresh.path().join("out");
+        let e = quantize_folder(src.path(), &out, &opts(4, 64))
+            .unwrap_err()
+            .to_string();
+        assert!(!out.exists(), "a refused source left {}", out.display());
+        e
+    };
+    let e = damaged(&|d| std::fs::write(d.join("generation_config.json"), "{bad").unwrap());
+    assert!(e.contains("generation_config.json"), "{e}");
+    let e = damaged(&|d| {
+        let t = std::fs::read(d.join("tokenizer.json")).unwrap();
+        std::fs::write(d.join("tokenizer.json"), &t[..t.len() / 2]).unwrap();
+    });
+    assert!(e.contains("tokenizer.json"), "{e}");
+    let e = damaged(&|d| {
+        let file = d.join("model.safetensors");
+        let mut t = mlx_tensor::io::load_safetensors(&file).unwrap().tensors;
+        let norm = t
+            .get("model.norm.weight")
+            .expect("the fixture's final norm");
+        let nan = ops::full(&norm.shape(), f32::NAN, norm.dtype()).unwrap();
+        t.insert("model.norm.weight".into(), nan);
+        mlx_tensor::eval(t.values()).unwrap();
+        mlx_tensor::io::save_safetensors(&file, t.iter().map(|(n, a)| (n.as_str(), a))).unwrap();
+    });
+    assert!(e.contains("model.norm.weight"), "{e}");
+}
