@@ -22,18 +22,24 @@ use std::time::Duration;
 use crate::args::ServeArgs;
 use anyhow::{Context, Result};
 
-/// Runs `serve` until SIGINT or SIGTERM.
-#[allow(clippy::print_stderr)]
-pub(crate) fn run(a: ServeArgs) -> Result<u8> {
-    // A host name that does not resolve fails now, not after the load.
-    if let Err(e) = std::net::ToSocketAddrs::to_socket_addrs(&(a.host.as_str(), a.port)) {
-        return Err(crate::Usage(format!(
+/// A `--host` that does not resolve fails now (a usage error), not after
+/// the load.
+fn check_host(a: &ServeArgs) -> Result<()> {
+    match std::net::ToSocketAddrs::to_socket_addrs(&(a.host.as_str(), a.port)) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(crate::Usage(format!(
             "--host {}: {e}; pass an address of this machine (127.0.0.1, 0.0.0.0, ::1) or a \
              name that resolves to one",
             a.host
         ))
-        .into());
+        .into()),
     }
+}
+
+/// Runs `serve` until SIGINT or SIGTERM.
+#[allow(clippy::print_stderr)]
+pub(crate) fn run(a: ServeArgs) -> Result<u8> {
+    check_host(&a)?;
     let model_id = match &a.served_model_name {
         Some(n) => n.clone(),
         None => model_name(&a.decode.model),

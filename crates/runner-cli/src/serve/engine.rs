@@ -532,6 +532,15 @@ impl Engine {
     }
 }
 
+/// `--logit-bias` ids against the vocabulary: refused at start-up (a usage
+/// error), not blamed on each request's `logit_bias`.
+fn check_bias(defaults: &GenerateOptions, tokenizers: &Tokenizers) -> Result<()> {
+    defaults
+        .sampling
+        .validate_for_vocab(tokenizers.plain.vocab_size())
+        .map_err(|e| crate::Usage(format!("--logit-bias: {e}")).into())
+}
+
 fn engine_main(
     config: EngineConfig,
     ready: std::sync::mpsc::Sender<Result<Ready>>,
@@ -580,13 +589,8 @@ fn engine_main(
         chat: tokenizers.chat.is_some(),
     };
     let defaults = crate::generate_options(a, &m.generation_config);
-    // `--logit-bias` ids against the vocabulary: refused at start-up, not
-    // blamed on each request's `logit_bias`.
-    if let Err(e) = defaults
-        .sampling
-        .validate_for_vocab(tokenizers.plain.vocab_size())
-    {
-        let _ = ready.send(Err(crate::Usage(format!("--logit-bias: {e}")).into()));
+    if let Err(e) = check_bias(&defaults, &tokenizers) {
+        let _ = ready.send(Err(e));
         return;
     }
     tracing::info!(model = %card.id, speculation = card.speculation, "engine ready");
