@@ -22,9 +22,17 @@ use std::time::Duration;
 use crate::args::ServeArgs;
 use anyhow::{Context, Result};
 
-/// A `--host` that does not resolve fails now (a usage error), not after
-/// the load.
-fn check_host(a: &ServeArgs) -> Result<()> {
+/// A `--host` that does not resolve, or a `--max-body-bytes` of 0, fails
+/// now (a usage error), not after the load.
+fn check_listening(a: &ServeArgs) -> Result<()> {
+    if a.max_body_bytes == 0 {
+        return Err(crate::Usage(
+            "--max-body-bytes 0 would refuse every POST with 413: pass 1 or more (default \
+             4194304)"
+                .into(),
+        )
+        .into());
+    }
     match std::net::ToSocketAddrs::to_socket_addrs(&(a.host.as_str(), a.port)) {
         Ok(_) => Ok(()),
         Err(e) => Err(crate::Usage(format!(
@@ -39,7 +47,7 @@ fn check_host(a: &ServeArgs) -> Result<()> {
 /// Runs `serve` until SIGINT or SIGTERM.
 #[allow(clippy::print_stderr)]
 pub(crate) fn run(a: ServeArgs) -> Result<u8> {
-    check_host(&a)?;
+    check_listening(&a)?;
     let model_id = match &a.served_model_name {
         Some(n) => n.clone(),
         None => model_name(&a.decode.model),
@@ -127,10 +135,12 @@ fn model_name(dir: &std::path::Path) -> String {
         .map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned())
 }
 
-/// SIGINT and SIGTERM as one stream of "a signal came".
+/// SIGINT, SIGTERM and SIGHUP (a closed terminal, as `generate` takes it)
+/// as one stream of "a signal came".
 struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -139,6 +149,7 @@ impl Signals {
         Ok(Signals {
             int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
             term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            hup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
         })
     }
 
@@ -146,6 +157,7 @@ impl Signals {
         tokio::select! {
             _ = self.int.recv() => {}
             _ = self.term.recv() => {}
+            _ = self.hup.recv() => {}
         }
     }
 }

@@ -52,6 +52,7 @@ struct Wire {
     stream_options: Option<StreamOptions>,
     n: Option<u64>,
     logprobs: Option<Value>,
+    top_logprobs: Option<Value>,
     ignore_eos: Option<bool>,
     logit_bias: Option<serde_json::Map<String, Value>>,
     echo: Option<bool>,
@@ -155,7 +156,7 @@ fn unsupported(w: &Wire) -> Result<(), ApiError> {
         .response_format
         .as_ref()
         .map(|f| f.get("type").and_then(Value::as_str));
-    let refusals: [(&str, Option<String>); 8] = [
+    let refusals: [(&str, Option<String>); 9] = [
         // The model's own end-of-sequence ids always end generation in `runner`.
         (
             "ignore_eos",
@@ -174,6 +175,14 @@ fn unsupported(w: &Wire) -> Result<(), ApiError> {
             "logprobs",
             asks(&w.logprobs, &[Value::Null, json!(false), json!(0)])
                 .then(|| "`logprobs` is not supported by this server: drop it".into()),
+        ),
+        (
+            "top_logprobs",
+            asks(&w.top_logprobs, &[Value::Null, json!(0)]).then(|| {
+                "`top_logprobs` is not supported by this server (no log-probabilities are \
+                 returned): drop it"
+                    .into()
+            }),
         ),
         (
             "echo",
@@ -589,6 +598,8 @@ mod tests {
         check(&format!(r#"{{{MSG},"n":2}}"#), "n");
         check(&format!(r#"{{{MSG},"ignore_eos":true}}"#), "ignore_eos");
         check(&format!(r#"{{{MSG},"logprobs":true}}"#), "logprobs");
+        check(&format!(r#"{{{MSG},"top_logprobs":3}}"#), "top_logprobs");
+        check(&format!(r#"{{{MSG},"top_logprobs":0}}"#), "ok");
         check(&format!(r#"{{{MSG},"echo":true}}"#), "echo");
         check(&format!(r#"{{{MSG},"best_of":3}}"#), "best_of");
         check(&format!(r#"{{{MSG},"suffix":"x"}}"#), "suffix");

@@ -145,7 +145,17 @@ pub fn attention_path() -> AttentionPath {
         None => {
             let path = std::env::var("MTP_ATTENTION")
                 .ok()
-                .and_then(|s| AttentionPath::parse(&s))
+                .and_then(|s| {
+                    let path = AttentionPath::parse(&s);
+                    if path.is_none() {
+                        tracing::warn!(
+                            value = %s,
+                            "MTP_ATTENTION is not one of auto, fused, explicit, short, padded, \
+                             cpu-rows: using auto"
+                        );
+                    }
+                    path
+                })
                 .unwrap_or_default();
             p.set(Some(path));
             path
