@@ -137,9 +137,15 @@ pub fn quantize_folder_cancellable(
     let config = ModelConfig::load(src)?;
     // The files it copies are read as the loader reads them: a source whose
     // generation_config.json or tokenizer would not load is refused now, not
-    // written into an output that would not load either.
+    // written into an output that would not load either. A folder of weights
+    // alone (no tokenizer.json, to be added later) is quantized as before.
     let generation_config = GenerationConfig::load(src)?;
-    Tokenizer::load(src, &config, &generation_config)?;
+    if matches!(
+        crate::files::regular(&src.join("tokenizer.json"))?,
+        Presence::File(_)
+    ) {
+        Tokenizer::load(src, &config, &generation_config)?;
+    }
     let mut raw: Value = read_json(&config_path)?;
     if QuantConfig::from_config(&raw, &config_path)?.is_some() {
         return Err(Error::InvalidOption {
