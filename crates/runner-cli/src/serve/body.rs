@@ -21,17 +21,6 @@ impl FromRequest<AppState> for ReadBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, s: &AppState) -> Result<ReadBody, ApiError> {
-        // A declared length over the limit is refused before any byte is
-        // read (else the client waits out `--read-timeout` for a 408 while
-        // its body is counted up to the limit, or never arrives).
-        let declared = req
-            .headers()
-            .get(axum::http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        if declared.is_some_and(|n| n > s.max_body as u64) {
-            return Err(ApiError::too_large(s.max_body));
-        }
         match tokio::time::timeout(s.read_timeout, Bytes::from_request(req, s)).await {
             Ok(Ok(body)) => Ok(ReadBody(body)),
             Ok(Err(r)) => Err(match r.status() {

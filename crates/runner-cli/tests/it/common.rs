@@ -62,9 +62,9 @@ pub(crate) fn generate_args<'a, P: AsRef<Path> + ?Sized>(
 /// test then waits at the prompt for an `interrupted:` line that never comes).
 pub(crate) const ENDLESS: [&str; 4] = [
     "--logit-bias",
-    "256=-1000", // EOT
+    "256=-100", // EOT
     "--logit-bias",
-    "258=-1000", // IM_END
+    "258=-100", // IM_END
 ];
 const _: () = assert!(runner::testing::EOT == 256 && runner::testing::IM_END == 258);
 

@@ -916,13 +916,6 @@ fn a_body_that_stalls_or_trickles_gets_408_after_the_read_timeout() {
     }
     let key = "mtp_runner:http_requests_total{route=\"/v1/completions\",status=\"408\"}";
     assert_eq!(s.metric(key), 2.0);
-    // A declared length over --max-body-bytes is refused at once, before the
-    // body (here far shorter than declared) is waited for.
-    let huge = "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n\
-                Content-Type: application/json\r\nContent-Length: 999999999999\r\n\r\n{\"prompt\": \"x\"}";
-    let (got, took) = send_slowly(&mut raw(&s), huge.as_bytes(), None);
-    assert!(got.starts_with("HTTP/1.1 413"), "{got}");
-    assert!(took < Duration::from_millis(900), "413 after {took:?}");
     let (status, v) = s.post_json("/v1/completions", &json!({"prompt": "x", "max_tokens": 2}));
     assert_eq!(status, 200, "{v}");
 }
