@@ -206,15 +206,7 @@ pub fn quantize_folder_cancellable(
         written_bytes: 0,
     };
     for file in &files {
-        let tensors: Vec<(String, Array)> = mlx_tensor::io::load_safetensors(file)?
-            .tensors
-            .into_iter()
-            .collect();
-        // A NaN or infinity would be packed into codes and scales that look
-        // valid: refused, naming the tensor, as the loader refuses it.
-        let arrays: Vec<Array> = tensors.iter().map(|(_, a)| a.clone()).collect();
-        check_finite(&tensors, &arrays, Dtype::Float32)?;
-        for (name, a) in tensors {
+        for (name, a) in mlx_tensor::io::load_safetensors(file)?.tensors {
             if cancel.load(Ordering::Relaxed) {
                 return Err(interrupted());
             }
@@ -228,6 +220,17 @@ pub fn quantize_folder_cancellable(
                     dtype: a.dtype().safetensors_name().to_owned(),
                 });
             }
+            // A NaN or infinity would be packed into codes and scales that
+            // look valid: refused, naming the tensor, as the loader refuses
+            // it. One tensor at a time, as it is packed: the file's tensors
+            // are not all held at once.
+            let pair = (name, a);
+            check_finite(
+                std::slice::from_ref(&pair),
+                std::slice::from_ref(&pair.1),
+                pair.1.dtype(),
+            )?;
+            let (name, a) = pair;
             match plan(&name, a, &config, opts)? {
                 Plan::Copy(a) => out.push((name, a)),
                 Plan::Drop => {}
