@@ -259,6 +259,7 @@ ArrPtr binary(const Arr& x, const Arr& y, BinaryOp op) {
 ArrPtr where_(const Arr& c, const Arr& x, const Arr& y) { return wrap(mx::where(c.a, x.a, y.a)); }
 ArrPtr astype(const Arr& a, DtypeCode dtype) { return wrap(mx::astype(a.a, to_dtype(dtype))); }
 ArrPtr contiguous(const Arr& a) { return wrap(mx::contiguous(a.a)); }
+ArrPtr from_fp8(const Arr& a, DtypeCode dtype) { return wrap(mx::from_fp8(a.a, to_dtype(dtype))); }
 
 ArrPtr matmul(const Arr& a, const Arr& b) { return wrap(mx::matmul(a.a, b.a)); }
 ArrPtr addmm(const Arr& c, const Arr& a, const Arr& b, float alpha, float beta) {

@@ -80,6 +80,7 @@ ArrPtr binary(const Arr& a, const Arr& b, BinaryOp op);
 ArrPtr where_(const Arr& c, const Arr& x, const Arr& y);
 ArrPtr astype(const Arr& a, DtypeCode dtype);
 ArrPtr contiguous(const Arr& a);
+ArrPtr from_fp8(const Arr& a, DtypeCode dtype);
 
 // Linear algebra.
 ArrPtr matmul(const Arr& a, const Arr& b);

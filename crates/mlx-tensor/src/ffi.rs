@@ -135,6 +135,7 @@ pub(crate) mod sys {
         fn where_(c: &Arr, x: &Arr, y: &Arr) -> Result<UniquePtr<Arr>>;
         fn astype(a: &Arr, dtype: DtypeCode) -> Result<UniquePtr<Arr>>;
         fn contiguous(a: &Arr) -> Result<UniquePtr<Arr>>;
+        fn from_fp8(a: &Arr, dtype: DtypeCode) -> Result<UniquePtr<Arr>>;
 
         fn matmul(a: &Arr, b: &Arr) -> Result<UniquePtr<Arr>>;
         fn addmm(c: &Arr, a: &Arr, b: &Arr, alpha: f32, beta: f32) -> Result<UniquePtr<Arr>>;

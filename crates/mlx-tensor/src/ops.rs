@@ -216,6 +216,14 @@ impl Array {
     pub fn as_type(&self, dtype: Dtype) -> Result<Array> {
         check(sys::astype(self.raw(), dtype.code())).map(Array::wrap)
     }
+    /// Decodes `uint8` codes of 8-bit floats in the E4M3 format (the OCP
+    /// `float8_e4m3fn` of fp8 checkpoints: bias 7, no infinities, `0x7f` and
+    /// `0xff` are NaN) into `dtype`. Every E4M3 value is exact in f16, bf16
+    /// and f32.
+    #[track_caller]
+    pub fn from_fp8(&self, dtype: Dtype) -> Result<Array> {
+        check(sys::from_fp8(self.raw(), dtype.code())).map(Array::wrap)
+    }
     /// A row-major copy (a no-op node when already contiguous).
     #[track_caller]
     pub fn contiguous(&self) -> Result<Array> {

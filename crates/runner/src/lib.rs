@@ -73,6 +73,7 @@ mod weights;
 // Bad-input guards: files in model folders, non-finite values, output folders.
 mod files;
 mod finite;
+mod fp8;
 mod out_dir;
 // Reproducible sampling under a seed (the auto depth's fixed cost model).
 mod seeded;

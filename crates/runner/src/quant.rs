@@ -91,10 +91,14 @@ impl QuantConfig {
         let obj = block
             .as_object()
             .ok_or_else(|| bad(format!("must be an object, found {block}")))?;
+        // fp8 weights are dequantized as they load (`crate::fp8`): not MLX quantization.
+        if obj.get("quant_method").and_then(Value::as_str) == Some("fp8") {
+            return Ok(None);
+        }
         if let Some(method) = obj.get("quant_method") {
             return Err(bad(format!(
-                "quant_method {method} is not MLX affine quantization; convert the model with \
-                 `mtp-runner quantize` or mlx_lm.convert"
+                "quant_method {method} is neither MLX affine quantization nor block-scaled fp8; \
+                 convert the model with `mtp-runner quantize` or mlx_lm.convert"
             )));
         }
         // `params` refuses a mode other than affine, here and per module.

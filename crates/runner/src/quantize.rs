@@ -1,6 +1,6 @@
 //! `mtp-runner quantize`: writes an MLX affine-quantized copy of a model folder.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -10,6 +10,7 @@ use serde_json::Value;
 use crate::config::{GenerationConfig, ModelConfig};
 use crate::error::{Error, Result, read_json};
 use crate::files::Presence;
+use crate::fp8::Fp8Config;
 use crate::out_dir::StagedDir;
 use crate::quant::{QuantConfig, QuantParams, QuantizedTensor};
 use crate::tokenizer::Tokenizer;
@@ -170,12 +171,20 @@ pub fn quantize_folder_cancellable(
     // Every source file is checked before the long work: a file that cannot
     // be read fails now, not after minutes of quantizing.
     let files = weight_files(src)?;
+    let fp8 = Fp8Config::from_config(&raw, &config_path)?;
+    let mut headers = Vec::with_capacity(files.len());
     let mut source_bytes = 0;
     for file in &files {
-        validate_header(file)?;
+        headers.push((file.clone(), validate_header(file)?));
         readable(file)?;
         source_bytes += file_len(file)?;
     }
+    crate::fp8::check_headers(&headers, fp8)?;
+    // An fp8 source is dequantized to bf16 (its compute dtype) as it is read.
+    let mut scales = match fp8 {
+        Some(_) => crate::fp8::collect_scales(&files)?,
+        None => HashMap::new(),
+    };
     let copied: Vec<&str> = COPIED
         .into_iter()
         .filter(|f| matches!(crate::files::regular(&src.join(f)), Ok(Presence::File(_))))
@@ -214,6 +223,15 @@ pub fn quantize_folder_cancellable(
                 report.skipped += 1;
                 continue;
             }
+            if fp8.is_some() && crate::fp8::is_scale(&name) {
+                continue;
+            }
+            let a = match (fp8, scales.remove(&name)) {
+                (Some(config), Some(scale)) => {
+                    crate::fp8::dequantize(&a, &scale, config)?.as_type(Dtype::Bfloat16)?
+                }
+                _ => a,
+            };
             if !a.dtype().is_float() {
                 return Err(Error::TensorDtype {
                     name,

@@ -12,6 +12,7 @@ use mlx_tensor::{Array, Dtype};
 use serde::Deserialize;
 
 use crate::error::{Error, Result, read_json};
+use crate::fp8::{FP8_DTYPE, Fp8Config};
 use crate::quant::{QuantConfig, QuantizedTensor};
 
 mod layout;
@@ -346,6 +347,17 @@ fn is_plain_file_name(name: &str) -> bool {
         && !Path::new(name).is_absolute()
 }
 
+/// `dir/config.json` parsed, or `null` when there is none (a folder of
+/// weights alone).
+fn config_json(dir: &Path) -> Result<serde_json::Value> {
+    let path = dir.join("config.json");
+    if path.is_file() {
+        read_json(&path)
+    } else {
+        Ok(serde_json::Value::Null)
+    }
+}
+
 /// The tensors of a checkpoint, converted to the compute dtype, taken by name.
 #[derive(Debug)]
 pub struct Weights {
@@ -414,6 +426,14 @@ impl Weights {
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Weights> {
         let files = headers(&weight_files(dir)?)?;
+        let fp8 = Fp8Config::from_config(&config_json(dir)?, &dir.join("config.json"))?;
+        crate::fp8::check_headers(&files, fp8)?;
+        let mut scales = match fp8 {
+            Some(_) if !dry => crate::fp8::collect_scales(
+                &files.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(),
+            )?,
+            _ => HashMap::new(),
+        };
         let layout =
             TensorLayout::detect(files.iter().flat_map(|(_, e)| e.keys().map(String::as_str)));
         let mut w = Weights {
@@ -435,9 +455,13 @@ impl Weights {
                     w.skipped.1 += e.shape.iter().product::<usize>();
                     continue;
                 }
+                if crate::fp8::is_scale(name) && fp8.is_some() {
+                    // Part of its weight (checked with it above), not a tensor of its own.
+                    continue;
+                }
                 if e.dtype == "U32" && name.ends_with(".weight") {
                     packed.push(name.clone());
-                } else if !matches!(e.dtype.as_str(), "F32" | "F16" | "BF16") {
+                } else if !matches!(e.dtype.as_str(), "F32" | "F16" | "BF16" | FP8_DTYPE) {
                     return Err(Error::TensorDtype {
                         name: name.clone(),
                         dtype: e.dtype.clone(),
@@ -448,7 +472,7 @@ impl Weights {
             }
             if dry {
                 for (name, e) in &entries {
-                    if TensorLayout::skips(name) {
+                    if TensorLayout::skips(name) || (crate::fp8::is_scale(name) && fp8.is_some()) {
                         continue;
                     }
                     let stored = if e.dtype == "U32" {
@@ -467,7 +491,17 @@ impl Weights {
             let mut converted = Vec::with_capacity(file.tensors.len());
             let mut sources = Vec::with_capacity(file.tensors.len());
             for (name, a) in file.tensors {
-                if TensorLayout::skips(&name) {
+                if TensorLayout::skips(&name) || (crate::fp8::is_scale(&name) && fp8.is_some()) {
+                    continue;
+                }
+                if let (Some(config), Some(scale)) = (fp8, scales.remove(&name)) {
+                    // The codes times their blocks' scales, rounded once to
+                    // `dtype`; the f32 product is not held after the file's
+                    // evaluation (the check below rebuilds it on a failure).
+                    let c = crate::fp8::dequantize(&a, &scale, config)?.as_type(dtype)?;
+                    converted.push(c.clone());
+                    sources.push((name.clone(), crate::fp8::dequantize(&a, &scale, config)?));
+                    w.tensors.insert(name, c);
                     continue;
                 }
                 let c = if a.dtype() == dtype || !a.dtype().is_float() {

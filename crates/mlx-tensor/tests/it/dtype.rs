@@ -71,3 +71,43 @@ fn reading_converts_to_the_requested_type() {
     // A wrong byte count is an error.
     assert!(Array::from_raw_bytes(&[0u8; 3], &[1], Dtype::Float32).is_err());
 }
+
+/// E4M3 (`float8_e4m3fn`) by its definition: sign, 4 exponent bits with
+/// bias 7, 3 mantissa bits, subnormals at exponent 0, and only `s.1111.111`
+/// NaN (no infinities).
+fn e4m3_reference(code: u8) -> f32 {
+    let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exp = i32::from((code >> 3) & 0x0f);
+    let man = f32::from(code & 0x07);
+    if exp == 0x0f && code & 0x07 == 0x07 {
+        return f32::NAN;
+    }
+    if exp == 0 {
+        sign * man / 8.0 * 2f32.powi(-6)
+    } else {
+        sign * (1.0 + man / 8.0) * 2f32.powi(exp - 7)
+    }
+}
+
+#[test]
+fn every_fp8_code_decodes_to_its_e4m3_value_in_each_float_dtype() {
+    let codes: Vec<u8> = (0..=255).collect();
+    let a = Array::from_slice(&codes, &[16, 16]).unwrap();
+    for dtype in [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16] {
+        let got: Vec<f32> = a
+            .from_fp8(dtype)
+            .unwrap()
+            .as_type(Dtype::Float32)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        for (&c, &g) in codes.iter().zip(&got) {
+            let want = e4m3_reference(c);
+            assert!(
+                g == want || (g.is_nan() && want.is_nan()),
+                "{dtype:?}: code {c:#04x} decoded to {g}, want {want}"
+            );
+        }
+    }
+    assert_eq!(e4m3_reference(0x7e), 448.0, "the format's largest value");
+}

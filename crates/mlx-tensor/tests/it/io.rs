@@ -92,3 +92,22 @@ fn bad_files_are_errors_naming_the_file() {
     assert!(io::load_safetensors(&garbage).is_err());
     std::fs::remove_file(&garbage).unwrap();
 }
+
+/// An fp8 checkpoint's `F8_E4M3` tensor loads as its raw codes (`uint8`), which `from_fp8` decodes.
+#[test]
+fn an_f8_e4m3_tensor_loads_as_its_codes() {
+    let path = scratch("fp8.safetensors");
+    let codes: Vec<u8> = vec![0x00, 0x38, 0xb8, 0x7e, 0x01, 0x40];
+    let header = r#"{"w":{"dtype":"F8_E4M3","shape":[2,3],"data_offsets":[0,6]}}"#;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(&codes);
+    std::fs::write(&path, &bytes).unwrap();
+    let f = io::load_safetensors(&path).unwrap();
+    let w = &f.tensors["w"];
+    assert_eq!(w.dtype(), Dtype::Uint8);
+    assert_eq!(w.shape().as_slice(), &[2, 3]);
+    assert_eq!(w.to_vec::<u8>().unwrap(), codes);
+    let v: Vec<f32> = w.from_fp8(Dtype::Float32).unwrap().to_vec().unwrap();
+    assert_eq!(v, [0.0, 1.0, -1.0, 448.0, 2f32.powi(-9), 2.0]);
+}

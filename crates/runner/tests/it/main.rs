@@ -21,6 +21,7 @@ mod draft_head;
 mod drafters;
 mod families;
 mod formats;
+mod fp8;
 mod hybrid_chat;
 mod hybrid_draft;
 mod hybrid_forward;
