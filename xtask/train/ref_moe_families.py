@@ -1,4 +1,5 @@
-"""Tiny random Qwen3-Next and GLM-4.5 (MoE MTP families) for ref_formats.py.
+"""Tiny random Qwen3-Next, GLM-4.5, DeepSeek-V3 and GLM-4.7-Flash (MoE MTP families) for
+ref_formats.py.
 
 ref_formats.py calls `BUILDERS[name](out, work, rf)` with itself as `rf`; each builder runs
 ref_formats' own `build` (hub f32 / bf16 / sharded with the MTP tensors, mlx-lm f32 / q4 / q8) on
@@ -76,6 +77,106 @@ GLM4_MOE = dict(
 )
 
 
+# Multi-head latent attention, shared by the two MLA families below. Every quantized input
+# width (q_lora, kv_lora, qk_nope, heads * v) is a multiple of the fixtures' group size 32,
+# which mlx-lm's split `embed_q [heads, kv_lora, qk_nope]` / `unembed_out [heads, v, kv_lora]`
+# needs to be quantized at all.
+MLA = dict(
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    kv_lora_rank=32,
+    qk_nope_head_dim=32,
+    qk_rope_head_dim=16,
+)
+
+# DeepSeek-V3: a query low-rank pair, values narrower than keys (16 against 48), and YaRN
+# with mscale != mscale_all_dim, so the rotary tables' attention factor and the softmax
+# scale's mscale_all_dim both move the logits.
+DEEPSEEK_YARN = {"rope_type": "yarn", "rope_theta": ROPE_THETA, "factor": 4.0,
+                 "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
+                 "mscale": 1.0, "mscale_all_dim": 0.8}
+DEEPSEEK_V3 = dict(
+    MLA,
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=64,
+    moe_intermediate_size=32,
+    num_hidden_layers=2,
+    q_lora_rank=32,
+    v_head_dim=16,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_group=2,
+    topk_group=1,
+    n_shared_experts=1,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    first_k_dense_replace=1,
+    num_nextn_predict_layers=1,
+    rope_interleave=True,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    bos_token_id=EOT,
+    eos_token_id=EOT,
+)
+
+# GLM-4.7-Flash: a single `q_proj` (q_lora_rank null), values as wide as keys, plain RoPE,
+# dense/sparse layers by `mlp_layer_types` (mlx-lm reads `first_k_dense_replace`: both given).
+GLM4_MOE_LITE = dict(
+    MLA,
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=64,
+    moe_intermediate_size=32,
+    num_hidden_layers=2,
+    q_lora_rank=None,
+    v_head_dim=48,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_group=1,
+    topk_group=1,
+    n_shared_experts=1,
+    routed_scaling_factor=1.8,
+    norm_topk_prob=True,
+    mlp_layer_types=["dense", "sparse"],
+    rope_interleave=True,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    bos_token_id=EOT,
+    eos_token_id=EOT,
+)
+
+
+def moved_correction_bias(model, seed=77):
+    """The router's correction bias is a buffer, which ref_formats' perturb leaves at zero:
+    moved so it changes the routing."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=g) * 0.3)
+    return model
+
+
+def deepseek_v3():
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    cfg = DeepseekV3Config(**DEEPSEEK_V3, rope_parameters=dict(DEEPSEEK_YARN))
+    return moved_correction_bias(DeepseekV3ForCausalLM(cfg))
+
+
+def glm4_moe_lite():
+    from transformers import Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
+
+    cfg = Glm4MoeLiteConfig(
+        **GLM4_MOE_LITE,
+        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+    )
+    return moved_correction_bias(Glm4MoeLiteForCausalLM(cfg))
+
+
 def qwen3_next():
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
@@ -96,14 +197,7 @@ def glm4_moe():
         rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA,
                          "partial_rotary_factor": 0.5},
     )
-    model = Glm4MoeForCausalLM(cfg)
-    # A buffer, which ref_formats' perturb leaves at zero: moved so it changes the routing.
-    g = torch.Generator().manual_seed(77)
-    with torch.no_grad():
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(torch.randn(b.shape, generator=g) * 0.3)
-    return model
+    return moved_correction_bias(Glm4MoeForCausalLM(cfg))
 
 
 def experts_fan_in(model):
@@ -200,6 +294,15 @@ def families(rf):
             "rope_theta": ROPE_THETA, "partial_rotary_factor": 0.5, "rope_scaling": None,
             "rope_parameters": rf.DROP,
         }, mtp_glm4_moe, experts_fan_in),
+        # The DeepSeek MTP layout, its block an MLA + MoE layer.
+        "deepseek_v3": (deepseek_v3, {
+            "rope_theta": ROPE_THETA, "rope_scaling": dict(DEEPSEEK_YARN),
+            "rope_parameters": rf.DROP,
+        }, mtp_glm4_moe, experts_fan_in),
+        "glm4_moe_lite": (glm4_moe_lite, {
+            "rope_theta": ROPE_THETA, "rope_scaling": None, "rope_parameters": rf.DROP,
+            "first_k_dense_replace": 1, "num_nextn_predict_layers": 1,
+        }, mtp_glm4_moe, experts_fan_in),
     }
 
 
@@ -210,4 +313,5 @@ def builder(name):
     return run
 
 
-BUILDERS = {name: builder(name) for name in ["qwen3_next", "glm4_moe"]}
+BUILDERS = {name: builder(name)
+            for name in ["qwen3_next", "glm4_moe", "deepseek_v3", "glm4_moe_lite"]}

@@ -12,6 +12,7 @@ pub(crate) mod heads_kernel;
 pub(crate) mod kernel_check;
 pub(crate) mod layers;
 pub(crate) mod llama;
+pub(crate) mod mla;
 pub(crate) mod moe;
 pub(crate) mod mtp;
 pub(crate) mod qwen3_5;

@@ -73,7 +73,34 @@ const TABLE: &[(&str, &[(&str, KeyDefault)])] = &[
             ("first_k_dense_replace", Int(1)),
         ],
     ),
+    // DeepSeek-V3 and GLM-4.7-Flash's MLA sizes have no default here: a
+    // config without them is refused by name (`models/mla.rs`).
+    (
+        "deepseek_v3",
+        &[
+            ("first_k_dense_replace", Int(3)),
+            ("n_shared_experts", Int(1)),
+            ("n_routed_experts", Int(256)),
+            ("num_experts_per_tok", Int(8)),
+            ("moe_intermediate_size", Int(2048)),
+        ],
+    ),
+    (
+        "glm4_moe_lite",
+        &[
+            ("rms_norm_eps", Float(1e-5)),
+            ("n_shared_experts", Int(1)),
+            ("n_routed_experts", Int(64)),
+            ("num_experts_per_tok", Int(4)),
+            ("moe_intermediate_size", Int(1536)),
+        ],
+    ),
 ];
+
+/// Model types whose `head_dim` is their `qk_rope_head_dim` (DeepSeek-V3's
+/// config class sets it so, GLM-4.7-Flash's maps the one name to the other):
+/// their hidden size need not be a multiple of the heads.
+const HEAD_DIM_IS_ROPE: &[&str] = &["deepseek_v3", "glm4_moe_lite"];
 
 /// The defaults of `model_type` (none for a type not in the table).
 pub(crate) fn for_model_type(model_type: &str) -> &'static [(&'static str, KeyDefault)] {
@@ -93,5 +120,11 @@ pub(super) fn apply(top: &mut Map<String, Value>) {
         .to_owned();
     for (key, d) in for_model_type(&model_type) {
         top.entry(*key).or_insert_with(|| d.to_json());
+    }
+    if HEAD_DIM_IS_ROPE.contains(&model_type.as_str())
+        && !top.contains_key("head_dim")
+        && let Some(rope) = top.get("qk_rope_head_dim").cloned()
+    {
+        top.insert("head_dim".into(), rope);
     }
 }

@@ -41,6 +41,19 @@ impl AttentionCore {
         }
     }
 
+    /// Heads of width `head_dim` with no q/k norms and softmax scale `scale`
+    /// (multi-head latent attention, whose scale is not `1/√head_dim`).
+    pub(crate) fn with_scale(heads: i32, head_dim: i32, scale: f32) -> AttentionCore {
+        AttentionCore {
+            q_norm: None,
+            k_norm: None,
+            heads,
+            kv_heads: heads,
+            head_dim,
+            scale,
+        }
+    }
+
     /// A projection `[1, L, n·D]` viewed as `n` heads: `[1, L, n, D]`.
     pub(crate) fn split(&self, y: &Array, n: i32) -> Result<Array> {
         Ok(y.reshape(&[1, y.dim(1), n, self.head_dim])?)
@@ -81,7 +94,7 @@ impl AttentionCore {
 
     /// Attention of heads-first q, k, v `[1, H, L, D]` (normed and rotated)
     /// over the cache extended by k, v, returned as `[1, L, heads·D]`.
-    fn attend_heads(
+    pub(crate) fn attend_heads(
         &self,
         (q, k, v): (Array, Array, Array),
         cache: &mut dyn Cache,

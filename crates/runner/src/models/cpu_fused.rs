@@ -103,6 +103,9 @@ pub(crate) fn heads(
         None => true,
         Some(n) => n.weight().dtype() == dtype && n.weight().ndim() == 1 && n.weight().dim(0) == d,
     };
+    if rope.is_interleaved() {
+        return Ok(None);
+    }
     let terms = rope.cpu_terms();
     let Ok(offset) = i32::try_from(offset) else {
         return Ok(None);

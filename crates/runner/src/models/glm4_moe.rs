@@ -7,6 +7,11 @@
 //! `n_group` / `topk_group`, `routed_scaling_factor`, ungated
 //! `shared_experts`); the MTP layer sits at `model.layers.{num_hidden_layers}`
 //! in the DeepSeek layout, its block a MoE decoder layer.
+//!
+//! DeepSeek-V3 (`DeepseekV3ForCausalLM`) and GLM-4.7-Flash
+//! (`Glm4MoeLiteForCausalLM`) are the same decoder, MoE and MTP layout with
+//! multi-head latent attention (`models/mla.rs`) in place of the GQA block;
+//! GLM-4.7-Flash says which layers are sparse by `mlp_layer_types`.
 
 use std::rc::Rc;
 
@@ -17,6 +22,7 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::models::Model;
 use crate::models::attention::AttentionCore;
+use crate::models::mla::{MlaAttention, MlaConfig};
 use crate::models::layers::{
     Linear, LinearLayout, RmsNorm, embedding, linear, pre_norm_block, rms_norm,
 };
@@ -32,13 +38,53 @@ pub(crate) fn build_glm4_moe(
     w: &mut Weights,
     l: LinearLayout,
 ) -> Result<Box<dyn Model>> {
-    Ok(Box::new(Glm4Moe::load(c, w, l)?))
+    Ok(Box::new(Glm4Moe::load(c, w, l, Variant::Glm45)?))
 }
 
-/// The MoE block config of a GLM-4.5 `config.json`, refusing the router
-/// variants that are not implemented; transformers' defaults where keys are
-/// absent (`norm_topk_prob` true).
-fn moe_config(c: &ModelConfig) -> Result<Option<MoeConfig>> {
+/// Builds a DeepSeek-V3 model.
+pub(crate) fn build_deepseek_v3(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
+    Ok(Box::new(Glm4Moe::load(c, w, l, Variant::DeepseekV3)?))
+}
+
+/// Builds a GLM-4.7-Flash model.
+pub(crate) fn build_glm4_moe_lite(
+    c: &ModelConfig,
+    w: &mut Weights,
+    l: LinearLayout,
+) -> Result<Box<dyn Model>> {
+    Ok(Box::new(Glm4Moe::load(c, w, l, Variant::Glm47Flash)?))
+}
+
+/// The families this decoder serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Variant {
+    /// GLM-4.5: GQA attention.
+    Glm45,
+    /// DeepSeek-V3: MLA, dense layers before `first_k_dense_replace`.
+    DeepseekV3,
+    /// GLM-4.7-Flash: MLA, sparse layers by `mlp_layer_types`.
+    Glm47Flash,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Glm45 => "GLM-4.5",
+            Variant::DeepseekV3 => "DeepSeek-V3",
+            Variant::Glm47Flash => "GLM-4.7-Flash",
+        }
+    }
+}
+
+/// The MoE block config of the `config.json`, refusing the router variants
+/// that are not implemented; the transformers config class's defaults where
+/// keys are absent (`norm_topk_prob` true; DeepSeek-V3's 8 groups, 4 kept,
+/// scale 2.5; GLM-4.7-Flash's scale 1.8).
+fn moe_config(c: &ModelConfig, variant: Variant) -> Result<Option<MoeConfig>> {
     let raw = &c.raw;
     for (key, want) in [("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")] {
         if let Some(v) = raw[key].as_str()
@@ -46,26 +92,100 @@ fn moe_config(c: &ModelConfig) -> Result<Option<MoeConfig>> {
         {
             return Err(c.unsupported_key(
                 key,
-                format!("`{v}` is not implemented (GLM-4.5 routes with `{want}`)"),
+                format!(
+                    "`{v}` is not implemented ({} routes with `{want}`)",
+                    variant.name()
+                ),
             ));
         }
     }
+    let (n_group, topk_group, routed_scaling_factor) = match variant {
+        Variant::Glm45 => (1, 1, 1.0),
+        Variant::DeepseekV3 => (8, 4, 2.5),
+        Variant::Glm47Flash => (1, 1, 1.8),
+    };
     let defaults = MoeDefaults {
         scoring: Scoring::GroupedSigmoid {
-            n_group: 1,
-            topk_group: 1,
-            routed_scaling_factor: 1.0,
+            n_group,
+            topk_group,
+            routed_scaling_factor,
         },
         norm_topk_prob: true,
     };
-    // `first_k_dense_replace` (1) and `n_shared_experts` (1) when absent
-    // come from `config::defaults`.
-    MoeConfig::parse(c, defaults)
+    // `first_k_dense_replace` and `n_shared_experts` when absent come from
+    // `config::defaults`.
+    let mut moe = MoeConfig::parse(c, defaults)?;
+    if variant == Variant::Glm47Flash
+        && let Some(m) = moe.as_mut()
+    {
+        m.sparse.first_dense = 0;
+        m.sparse.dense = dense_layers(c)?;
+    }
+    Ok(moe)
+}
+
+/// GLM-4.7-Flash's dense layers from `mlp_layer_types` (`"dense"` or
+/// `"sparse"` per layer; absent: layer 0 dense, the rest sparse, as
+/// transformers fills it).
+fn dense_layers(c: &ModelConfig) -> Result<Vec<usize>> {
+    let n = c.num_hidden_layers;
+    let Some(types) = c.raw.get("mlp_layer_types").filter(|v| !v.is_null()) else {
+        return Ok(vec![0]);
+    };
+    let bad = |message: String| c.unsupported_key("mlp_layer_types", message);
+    let types = types
+        .as_array()
+        .filter(|a| a.len() == n)
+        .ok_or_else(|| bad(format!("must list \"dense\" or \"sparse\" for each of the {n} layers, found {types}")))?;
+    let mut dense = Vec::new();
+    for (i, t) in types.iter().enumerate() {
+        match t.as_str() {
+            Some("dense") => dense.push(i),
+            Some("sparse") => {}
+            _ => return Err(bad(format!("layer {i} is {t}, not \"dense\" or \"sparse\""))),
+        }
+    }
+    Ok(dense)
+}
+
+/// A layer's attention: GLM-4.5's GQA, or multi-head latent attention.
+#[derive(Debug, Clone)]
+enum Attention {
+    Gqa(Gqa),
+    Mla(MlaAttention),
+}
+
+impl Attention {
+    fn load(
+        c: &ModelConfig,
+        mla: Option<&MlaConfig>,
+        a: Vars<'_>,
+        layout: LinearLayout,
+    ) -> Result<Attention> {
+        Ok(match mla {
+            None => Attention::Gqa(Gqa::load(c, a, layout)?),
+            Some(m) => Attention::Mla(MlaAttention::load(c, m, a, layout)?),
+        })
+    }
+
+    fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
+        match self {
+            Attention::Gqa(a) => a.forward(x, cache, rope),
+            Attention::Mla(a) => a.forward(x, cache, rope),
+        }
+    }
+
+    fn arrays(&self) -> Vec<Array> {
+        match self {
+            Attention::Gqa(a) => a.arrays(),
+            Attention::Mla(a) => a.arrays(),
+        }
+    }
 }
 
 /// GQA attention with biased q/k/v and an unbiased output projection.
 #[derive(Debug, Clone)]
-struct Attention {
+struct Gqa {
     q: Linear,
     k: Linear,
     v: Linear,
@@ -73,8 +193,8 @@ struct Attention {
     core: AttentionCore,
 }
 
-impl Attention {
-    fn load(c: &ModelConfig, mut a: Vars<'_>, layout: LinearLayout) -> Result<Attention> {
+impl Gqa {
+    fn load(c: &ModelConfig, mut a: Vars<'_>, layout: LinearLayout) -> Result<Gqa> {
         let (h, d) = (c.hidden_size, c.head_dim);
         let (nq, nkv) = (c.num_attention_heads, c.num_key_value_heads);
         let bias = c.attention_bias.unwrap_or(false);
@@ -86,7 +206,7 @@ impl Attention {
         } else {
             (None, None)
         };
-        Ok(Attention {
+        Ok(Gqa {
             q: linear(a.pp("q_proj"), h, nq * d, bias, layout)?,
             k: linear(a.pp("k_proj"), h, nkv * d, bias, layout)?,
             v: linear(a.pp("v_proj"), h, nkv * d, bias, layout)?,
@@ -124,12 +244,13 @@ impl GlmLayer {
     fn load(
         c: &ModelConfig,
         mut vb: Vars<'_>,
+        mla: Option<&MlaConfig>,
         moe: Option<&MoeConfig>,
         layout: LinearLayout,
     ) -> Result<GlmLayer> {
         let (h, eps) = (c.hidden_size, c.rms_norm_eps);
         let input_norm = rms_norm(vb.pp("input_layernorm"), h, eps)?;
-        let attn = Attention::load(c, vb.pp("self_attn"), layout)?;
+        let attn = Attention::load(c, mla, vb.pp("self_attn"), layout)?;
         let post_norm = rms_norm(vb.pp("post_attention_layernorm"), h, eps)?;
         let ffn = FeedForward::load(moe, vb.pp("mlp"), h, c.intermediate_size, layout)?;
         Ok(GlmLayer {
@@ -178,8 +299,17 @@ pub(crate) struct Glm4Moe {
 impl Glm4Moe {
     /// Takes the family's tensors out of `w`, checking every shape against `c`.
     // Long: reads like the checkpoint: config, trunk, head, MTP, in tensor order.
-    pub(crate) fn load(c: &ModelConfig, w: &mut Weights, layout: LinearLayout) -> Result<Glm4Moe> {
-        let moe = moe_config(c)?;
+    pub(crate) fn load(
+        c: &ModelConfig,
+        w: &mut Weights,
+        layout: LinearLayout,
+        variant: Variant,
+    ) -> Result<Glm4Moe> {
+        let moe = moe_config(c, variant)?;
+        let mla = match variant {
+            Variant::Glm45 => None,
+            Variant::DeepseekV3 | Variant::Glm47Flash => Some(MlaConfig::parse(c)?),
+        };
         let h = c.hidden_size;
         let tl = w.layout().clone();
         let mut trunk = w.vars(tl.trunk);
@@ -188,17 +318,20 @@ impl Glm4Moe {
         let mut stack = trunk.pp("layers");
         for i in 0..c.num_hidden_layers {
             let m = moe.as_ref().filter(|m| m.sparse.is_sparse(i));
-            layers.push(GlmLayer::load(c, stack.pp(i), m, layout)?);
+            layers.push(GlmLayer::load(c, stack.pp(i), mla.as_ref(), m, layout)?);
         }
         drop(stack);
         let norm = rms_norm(trunk.pp("norm"), h, c.rms_norm_eps)?;
         let lm_head = load_lm_head(c, w, &embed, layout)?;
-        // 0.5 when the config leaves it out (`config::defaults`).
-        let rope = Rope::new(
-            (c.head_dim as f32 * c.partial_rotary_factor) as usize,
-            c.rope_theta,
-            &c.rope_scaling,
-        )?;
+        let rope = match &mla {
+            // GLM-4.5: 0.5 when the config leaves it out (`config::defaults`).
+            None => Rope::new(
+                (c.head_dim as f32 * c.partial_rotary_factor) as usize,
+                c.rope_theta,
+                &c.rope_scaling,
+            )?,
+            Some(m) => m.rope(c)?,
+        };
         let mtp = match MtpLayout::detect(c, |name| w.contains(name)) {
             Some(MtpLayout::DeepSeek) => {
                 let block = |w: &mut Weights, prefix: &str, _shift: bool| {
@@ -206,6 +339,7 @@ impl Glm4Moe {
                     let b = GlmLayer::load(
                         c,
                         Vars::new(w, prefix),
+                        mla.as_ref(),
                         moe.as_ref().filter(|_| has_moe),
                         layout,
                     )?;

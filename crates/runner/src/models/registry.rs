@@ -141,6 +141,18 @@ pub(crate) const FAMILIES: &[Family] = &[
         build: crate::models::glm4_moe::build_glm4_moe,
     },
     Family {
+        name: "deepseek_v3",
+        architectures: &["DeepseekV3ForCausalLM"],
+        model_types: &["deepseek_v3"],
+        build: crate::models::glm4_moe::build_deepseek_v3,
+    },
+    Family {
+        name: "glm4_moe_lite",
+        architectures: &["Glm4MoeLiteForCausalLM"],
+        model_types: &["glm4_moe_lite"],
+        build: crate::models::glm4_moe::build_glm4_moe_lite,
+    },
+    Family {
         name: "qwen3_5_moe",
         architectures: &[
             "Qwen3_5MoeForCausalLM",
@@ -158,16 +170,6 @@ pub(crate) const UNSUPPORTED: &[(&str, &str, &str)] = &[
         "MixtralForCausalLM",
         "mixtral",
         "mixture-of-experts MLP layers",
-    ),
-    (
-        "DeepseekV3ForCausalLM",
-        "deepseek_v3",
-        "multi-head latent attention (MLA) and mixture-of-experts layers",
-    ),
-    (
-        "Glm4MoeLiteForCausalLM",
-        "glm4_moe_lite",
-        "multi-head latent attention (MLA) and mixture-of-experts layers",
     ),
 ];
 

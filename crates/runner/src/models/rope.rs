@@ -5,10 +5,15 @@ use mlx_tensor::{Array, fast};
 use crate::config::RopeScaling;
 use crate::error::Result;
 
-/// RoPE over the whole head (`dims = head_dim`), non-traditional (half-split) layout.
+/// RoPE over the first `dims` features of a head, in the half-split layout
+/// (transformers' `rotate_half`) unless made [`Rope::interleaved`].
 #[derive(Debug, Clone)]
 pub(crate) struct Rope {
     dims: i32,
+    /// Rotates adjacent pairs `(x0, x1), (x2, x3), ...` (MLX's "traditional",
+    /// DeepSeek's `rope_interleave`) instead of `(x_i, x_{i + dims/2})`. Only
+    /// [`Rope::forward`] implements it: the fused heads kernels refuse such a rope.
+    interleaved: bool,
     base: f32,
     scale: f32,
     /// Per-pair periods (`base^(2i/d)`, scaled) for Llama 3 and YaRN; MLX divides by them.
@@ -25,6 +30,7 @@ impl Rope {
         Ok(match *scaling {
             RopeScaling::None => Rope {
                 dims,
+                interleaved: false,
                 base,
                 scale: 1.0,
                 freqs: None,
@@ -32,6 +38,7 @@ impl Rope {
             },
             RopeScaling::Linear { factor } => Rope {
                 dims,
+                interleaved: false,
                 base,
                 scale: 1.0 / factor,
                 freqs: None,
@@ -56,6 +63,7 @@ impl Rope {
                 );
                 Rope {
                     dims,
+                    interleaved: false,
                     base,
                     scale: 1.0,
                     freqs: Some(Array::from_slice(&periods, &[periods.len() as i32])?),
@@ -78,6 +86,7 @@ impl Rope {
                 );
                 Rope {
                     dims,
+                    interleaved: false,
                     base,
                     scale: 1.0,
                     freqs: Some(Array::from_slice(&periods, &[periods.len() as i32])?),
@@ -87,12 +96,26 @@ impl Rope {
         })
     }
 
+    /// The same rotation over interleaved pairs (DeepSeek's `rope_interleave`).
+    pub(crate) fn interleaved(self) -> Rope {
+        Rope {
+            interleaved: true,
+            ..self
+        }
+    }
+
+    /// Whether pairs are adjacent features (see the field).
+    pub(crate) fn is_interleaved(&self) -> bool {
+        self.interleaved
+    }
+
     /// Rotates `x` `[B, H, L, D]` for positions `offset..offset + L`.
     pub(crate) fn forward(&self, x: &Array, offset: usize) -> Result<Array> {
         let off = offset as i32;
+        let t = self.interleaved;
         let y = match &self.freqs {
-            None => fast::rope(x, self.dims, false, self.base, self.scale, off)?,
-            Some(f) => fast::rope_with_freqs(x, self.dims, false, self.scale, off, f)?,
+            None => fast::rope(x, self.dims, t, self.base, self.scale, off)?,
+            Some(f) => fast::rope_with_freqs(x, self.dims, t, self.scale, off, f)?,
         };
         if self.mscale == 1.0 {
             return Ok(y);
@@ -109,10 +132,10 @@ impl Rope {
         Ok(mlx_tensor::ops::concatenate(&[rotated, pass], axis)?)
     }
 
-    /// Whether this RoPE rotates all `head_dim` features with no YaRN
-    /// attention scale: what `models/heads_kernel.rs` computes.
+    /// Whether this RoPE rotates all `head_dim` features, half-split, with no
+    /// YaRN attention scale: what `models/heads_kernel.rs` computes.
     pub(crate) fn whole_head(&self, head_dim: i32) -> bool {
-        self.dims == head_dim && self.mscale == 1.0
+        self.dims == head_dim && self.mscale == 1.0 && !self.interleaved
     }
 
     /// What a kernel needs to rotate as [`Rope::forward`] does: the period

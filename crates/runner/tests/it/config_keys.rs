@@ -111,6 +111,13 @@ fn each_model_type_gets_its_config_class_defaults() {
         c("glm4_moe", json!({"rms_norm_eps": 1e-6})).rms_norm_eps,
         1e-6
     );
+    // DeepSeek-V3 and GLM-4.7-Flash: head_dim is the rotary width, whatever
+    // hidden / heads is (GLM-4.7-Flash's 2048 / 20 is not whole).
+    let mla = json!({"qk_rope_head_dim": 8, "num_attention_heads": 5});
+    assert_eq!(c("deepseek_v3", mla.clone()).head_dim, 8);
+    let lite = c("glm4_moe_lite", mla);
+    assert_eq!((lite.head_dim, lite.rms_norm_eps), (8, 1e-5));
+    assert_eq!(c("deepseek_v3", json!({})).raw["first_k_dense_replace"], 3);
     assert_eq!(c("mistral", json!({})).sliding_window, Some(4096));
     let m = c("mistral", json!({"sliding_window": null}));
     assert_eq!(m.sliding_window, None);

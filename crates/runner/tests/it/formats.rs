@@ -82,10 +82,16 @@ fn ids(v: &Value) -> Vec<u32> {
 
 /// The mixture-of-experts MTP families, checked by their own test.
 const MOE_FAMILIES: &[&str] = &["qwen3_next-", "glm4_moe-"];
+/// The multi-head latent attention families (also MoE with MTP), checked by theirs.
+const MLA_FAMILIES: &[&str] = &["deepseek_v3-", "glm4_moe_lite-"];
+
+fn is_family(p: &Path, families: &[&str]) -> bool {
+    let name = p.file_name().unwrap().to_string_lossy();
+    families.iter().any(|f| name.starts_with(f))
+}
 
 fn is_moe_family(p: &Path) -> bool {
-    let name = p.file_name().unwrap().to_string_lossy();
-    MOE_FAMILIES.iter().any(|f| name.starts_with(f))
+    is_family(p, MOE_FAMILIES) || is_family(p, MLA_FAMILIES)
 }
 
 #[test]
@@ -109,7 +115,23 @@ fn every_format_matches_its_reference_token_for_token() {
 fn moe_families_match_their_references_token_for_token() {
     let all: Vec<PathBuf> = fixtures()
         .into_iter()
-        .filter(|p| is_moe_family(p))
+        .filter(|p| is_family(p, MOE_FAMILIES))
+        .collect();
+    assert_eq!(all.len(), 12, "six folders per family: {all:?}");
+    check_all(&all);
+}
+
+/// DeepSeek-V3 (query low rank, values narrower than keys, YaRN with
+/// `mscale_all_dim`) and GLM-4.7-Flash (one `q_proj`, `mlp_layer_types`):
+/// hub f32, bf16 and sharded token for token against transformers, mlx-lm's
+/// f32, q4 and q8 conversions (stacked experts, `kv_b_proj` split into
+/// `embed_q` / `unembed_out`) against mlx-lm, and greedy MTP equal to plain
+/// on the hub folders, whose MTP block is itself an MLA + MoE layer.
+#[test]
+fn mla_families_match_their_references_token_for_token() {
+    let all: Vec<PathBuf> = fixtures()
+        .into_iter()
+        .filter(|p| is_family(p, MLA_FAMILIES))
         .collect();
     assert_eq!(all.len(), 12, "six folders per family: {all:?}");
     check_all(&all);

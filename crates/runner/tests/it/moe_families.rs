@@ -103,6 +103,35 @@ fn glm4_moe_bad_configs_name_the_key_or_tensor() {
     );
 }
 
+/// DeepSeek-V3 and GLM-4.7-Flash configs that the MLA decoder cannot
+/// compute as transformers does are refused by key, never run.
+#[test]
+fn mla_bad_configs_name_the_key() {
+    let d = "deepseek_v3-hf-f32";
+    check(d, "kv_lora_rank", Value::Null, &["kv_lora_rank", "missing"]);
+    check(d, "q_lora_rank", Value::Null, &["q_lora_rank", "missing"]);
+    check(d, "topk_method", json!("greedy"), &["topk_method", "greedy"]);
+    check(d, "scoring_func", json!("softmax"), &["scoring_func", "softmax"]);
+    check(d, "partial_rotary_factor", json!(0.5), &["partial_rotary_factor"]);
+    check(d, "num_key_value_heads", json!(1), &["num_key_value_heads"]);
+    check(d, "rope_interleave", json!("yes"), &["rope_interleave"]);
+    // A wrong size is caught by the tensor it shapes.
+    check(d, "v_head_dim", json!(32), &["kv_b_proj"]);
+    let g = "glm4_moe_lite-hf-f32";
+    check(g, "mlp_layer_types", json!(["dense"]), &["mlp_layer_types"]);
+    // Layer 1 made dense: its router is left over, its dense MLP missing.
+    check(
+        g,
+        "mlp_layer_types",
+        json!(["dense", "dense"]),
+        &["model.layers.1.mlp.gate_proj.weight"],
+    );
+    // An explicit null (one `q_proj`) on a checkpoint with the low-rank pair.
+    let dir = fixture(d);
+    edit_config(dir.path(), |v| v["q_lora_rank"] = Value::Null);
+    refused(dir.path(), &["q_proj"]);
+}
+
 /// GLM-4.5's MTP layer may come without its copies of the embedding and the
 /// LM head (`model.layers.{N}.embed_tokens`, `shared_head.head`: llama.cpp
 /// loads both as optional); the head then uses the trunk's, still drafts,
@@ -135,7 +164,7 @@ fn glm4_moe_head_without_its_optional_copies_uses_the_trunks() {
 #[test]
 fn greedy_mtp_equals_plain_at_every_depth() {
     let prompt = [5, 77, 130, 9, 201, 44, 3, 250, 18, 99];
-    for name in ["qwen3_next-hf-f32", "glm4_moe-hf-f32"] {
+    for name in ["qwen3_next-hf-f32", "glm4_moe-hf-f32", "deepseek_v3-hf-f32"] {
         let dir = fixture(name);
         let m = runner::load(dir.path(), runner::LoadOptions::default(), |_, _| {}).unwrap();
         let model = m.model.as_ref();

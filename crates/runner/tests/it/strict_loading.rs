@@ -173,15 +173,7 @@ fn unimplemented_config_keys_are_named() {
 
 #[test]
 fn recognised_but_unimplemented_architectures_say_what_they_need() {
-    let cases = [
-        ("MixtralForCausalLM", "mixtral", "mixture-of-experts"),
-        ("DeepseekV3ForCausalLM", "deepseek_v3", "latent attention"),
-        (
-            "Glm4MoeLiteForCausalLM",
-            "glm4_moe_lite",
-            "latent attention",
-        ),
-    ];
+    let cases = [("MixtralForCausalLM", "mixtral", "mixture-of-experts")];
     for (arch, model_type, needs) in cases {
         let dir = common::write(&Fixture::new(Arch::Qwen3), 7);
         // A MoE config has no intermediate_size: the architecture is named first anyway.
