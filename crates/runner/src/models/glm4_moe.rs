@@ -22,10 +22,10 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::models::Model;
 use crate::models::attention::AttentionCore;
-use crate::models::mla::{MlaAttention, MlaConfig};
 use crate::models::layers::{
     Linear, LinearLayout, RmsNorm, embedding, linear, pre_norm_block, rms_norm,
 };
+use crate::models::mla::{MlaAttention, MlaConfig};
 use crate::models::moe::{FeedForward, MoeConfig, MoeDefaults, Scoring};
 use crate::models::mtp::{HeadBlock, MtpHead, MtpLayout};
 use crate::models::rope::Rope;
@@ -133,16 +133,21 @@ fn dense_layers(c: &ModelConfig) -> Result<Vec<usize>> {
         return Ok(vec![0]);
     };
     let bad = |message: String| c.unsupported_key("mlp_layer_types", message);
-    let types = types
-        .as_array()
-        .filter(|a| a.len() == n)
-        .ok_or_else(|| bad(format!("must list \"dense\" or \"sparse\" for each of the {n} layers, found {types}")))?;
+    let types = types.as_array().filter(|a| a.len() == n).ok_or_else(|| {
+        bad(format!(
+            "must list \"dense\" or \"sparse\" for each of the {n} layers, found {types}"
+        ))
+    })?;
     let mut dense = Vec::new();
     for (i, t) in types.iter().enumerate() {
         match t.as_str() {
             Some("dense") => dense.push(i),
             Some("sparse") => {}
-            _ => return Err(bad(format!("layer {i} is {t}, not \"dense\" or \"sparse\""))),
+            _ => {
+                return Err(bad(format!(
+                    "layer {i} is {t}, not \"dense\" or \"sparse\""
+                )));
+            }
         }
     }
     Ok(dense)

@@ -63,7 +63,9 @@ impl MlaConfig {
                     .as_u64()
                     .filter(|&n| n > 0 && n <= i32::MAX as u64)
                     .map(|n| n as usize)
-                    .ok_or_else(|| c.unsupported_key(key, format!("must be a positive integer, found {v}"))),
+                    .ok_or_else(|| {
+                        c.unsupported_key(key, format!("must be a positive integer, found {v}"))
+                    }),
                 None => Err(c.unsupported_key(
                     key,
                     "missing: multi-head latent attention needs it (the checkpoint's \
@@ -276,7 +278,9 @@ impl MlaAttention {
             .slice_axis(2, lora, lora + rot)?
             .reshape(&[1, l, 1, rot])?
             .transpose(&[0, 2, 1, 3])?;
-        let k_rot = rope.forward(&k_rot, offset)?.broadcast_to(&[1, heads, l, rot])?;
+        let k_rot = rope
+            .forward(&k_rot, offset)?
+            .broadcast_to(&[1, heads, l, rot])?;
         let kv = self
             .kv_b
             .forward(&latent)?
@@ -346,6 +350,7 @@ fn joined_kv_b(
     };
     let k = take(a.pp("embed_q"), lora, nope)?.transpose(&[0, 2, 1])?;
     let v_rows = take(a.pp("unembed_out"), v, lora)?;
-    let w = ops::concatenate(&[k, v_rows], 1)?.reshape(&[(heads * (nope + v)) as i32, lora as i32])?;
+    let w =
+        ops::concatenate(&[k, v_rows], 1)?.reshape(&[(heads * (nope + v)) as i32, lora as i32])?;
     Ok(Linear::from_weight(&w.contiguous()?, None, layout)?)
 }

@@ -165,13 +165,11 @@ pub(crate) const FAMILIES: &[Family] = &[
 
 /// Architectures recognised but not implemented, with what they need
 /// (`architectures[0]`, `model_type`, what is missing).
-pub(crate) const UNSUPPORTED: &[(&str, &str, &str)] = &[
-    (
-        "MixtralForCausalLM",
-        "mixtral",
-        "mixture-of-experts MLP layers",
-    ),
-];
+pub(crate) const UNSUPPORTED: &[(&str, &str, &str)] = &[(
+    "MixtralForCausalLM",
+    "mixtral",
+    "mixture-of-experts MLP layers",
+)];
 
 fn known() -> String {
     FAMILIES

@@ -1,4 +1,4 @@
-//! Qwen3-Next and GLM-4.5 beyond `formats.rs` (which checks every folder
+//! Qwen3-Next, GLM-4.5, DeepSeek-V3 and GLM-4.7-Flash beyond `formats.rs` (which checks every folder
 //! token for token against transformers / mlx-lm): bad configs refused with
 //! errors that name the key or tensor, GLM-4.5's optional MTP copies, and
 //! greedy speculation equal to plain decoding at several depths and with
@@ -110,9 +110,24 @@ fn mla_bad_configs_name_the_key() {
     let d = "deepseek_v3-hf-f32";
     check(d, "kv_lora_rank", Value::Null, &["kv_lora_rank", "missing"]);
     check(d, "q_lora_rank", Value::Null, &["q_lora_rank", "missing"]);
-    check(d, "topk_method", json!("greedy"), &["topk_method", "greedy"]);
-    check(d, "scoring_func", json!("softmax"), &["scoring_func", "softmax"]);
-    check(d, "partial_rotary_factor", json!(0.5), &["partial_rotary_factor"]);
+    check(
+        d,
+        "topk_method",
+        json!("greedy"),
+        &["topk_method", "greedy"],
+    );
+    check(
+        d,
+        "scoring_func",
+        json!("softmax"),
+        &["scoring_func", "softmax"],
+    );
+    check(
+        d,
+        "partial_rotary_factor",
+        json!(0.5),
+        &["partial_rotary_factor"],
+    );
     check(d, "num_key_value_heads", json!(1), &["num_key_value_heads"]);
     check(d, "rope_interleave", json!("yes"), &["rope_interleave"]);
     // A wrong size is caught by the tensor it shapes.
