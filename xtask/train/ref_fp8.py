@@ -1,14 +1,15 @@
 """A block-scaled fp8 checkpoint, as DeepSeek-V3 and the `-FP8` releases are stored, from a fixture.
 
-Reads a transformers-written fixture (default: the sharded Qwen3.5 hub folder of ref_formats.py, MTP
-head and vision tower included) and writes two folders:
+Reads transformers-written fixtures (the sharded hub folders of ref_formats.py: Qwen3.5 with its
+MTP head and vision tower, DeepSeek-V3 with MLA, MoE and its MTP layer) and writes, per family,
+two folders:
 
-- `<out>/qwen3_5-hf-fp8/`: every linear weight of the text model and the MTP head (2-D `.weight`
-  outside embeddings, `lm_head`, norms and routers) as `F8_E4M3` codes with `.weight_scale_inv`
+- `<out>/<family>-hf-fp8/`: every linear weight of the text model and the MTP head (2-D `.weight`
+  outside embeddings, `lm_head` and its MTP copy, norms and routers) as `F8_E4M3` codes with `.weight_scale_inv`
   (f32, one per block of `weight_block_size`), the rest as stored; the scales all sit in the last
   shard, away from most of their weights; config.json gets the `quantization_config` block those
   checkpoints carry.
-- `<out>/qwen3_5-fp8-dequantized/`: the same model with each fp8 weight decoded and multiplied by
+- `<out>/<family>-fp8-dequantized/`: the same model with each fp8 weight decoded and multiplied by
   its block's scale in float32 by `ml_dtypes` (an implementation of the format independent of
   MLX's), one f32 file: what the fp8 folder must load as, bit for bit.
 
@@ -17,7 +18,7 @@ use 128 x 128 and have partial blocks too, e.g. DeepSeek-V3's 576-row `kv_a_proj
 
 Needs numpy, ml_dtypes and safetensors only (no torch):
   python3 -m venv /tmp/fp8 && /tmp/fp8/bin/pip install numpy ml_dtypes safetensors
-  /tmp/fp8/bin/python xtask/train/ref_fp8.py
+  /tmp/fp8/bin/python xtask/train/ref_fp8.py [FAMILY...]
 """
 import argparse
 import json
@@ -33,7 +34,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 FIXTURES = os.path.join(ROOT, "crates/runner/tests/fixtures")
 BLOCK = (16, 24)
 FP8_MAX = 448.0
-KEEP = ("embed_tokens", "lm_head", "norm", "mlp.gate.", "shared_expert_gate", "visual.")
+KEEP = ("embed_tokens", "lm_head", "shared_head.head", "norm", "mlp.gate.", "shared_expert_gate",
+        "visual.")
 
 
 def quantized(name, a):
@@ -84,20 +86,25 @@ def save(path, tensors):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--src", default=os.path.join(FIXTURES, "formats/qwen3_5-hf-sharded"))
     ap.add_argument("--out", default=os.path.join(FIXTURES, "fp8"))
+    ap.add_argument("families", nargs="*", default=["qwen3_5", "deepseek_v3"])
     args = ap.parse_args()
-    index = json.load(open(os.path.join(args.src, "model.safetensors.index.json")))
+    for family in args.families:
+        build(os.path.join(FIXTURES, f"formats/{family}-hf-sharded"), args.out, family)
+
+
+def build(src, out_root, family):
+    index = json.load(open(os.path.join(src, "model.safetensors.index.json")))
     shards = sorted(set(index["weight_map"].values()))
-    fp8_dir = os.path.join(args.out, "qwen3_5-hf-fp8")
-    ref_dir = os.path.join(args.out, "qwen3_5-fp8-dequantized")
+    fp8_dir = os.path.join(out_root, f"{family}-hf-fp8")
+    ref_dir = os.path.join(out_root, f"{family}-fp8-dequantized")
     for d in (fp8_dir, ref_dir):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
     weight_map, ref, scales, outs, count = {}, {}, {}, {}, 0
     for shard in shards:
         out = outs.setdefault(shard, {})
-        for name, a in load_file(os.path.join(args.src, shard)).items():
+        for name, a in load_file(os.path.join(src, shard)).items():
             a = a.astype(np.float32)
             if quantized(name, a):
                 codes, s = to_fp8(a)
@@ -116,7 +123,7 @@ def main():
         save(os.path.join(fp8_dir, shard), out)
     with open(os.path.join(fp8_dir, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=1)
-    config = json.load(open(os.path.join(args.src, "config.json")))
+    config = json.load(open(os.path.join(src, "config.json")))
     config["quantization_config"] = {
         "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
         "weight_block_size": list(BLOCK)}
@@ -126,7 +133,7 @@ def main():
     with open(os.path.join(ref_dir, "config.json"), "w") as f:
         json.dump(ref_config, f, indent=1)
     save(os.path.join(ref_dir, "model.safetensors"), ref)
-    expected = json.load(open(os.path.join(args.src, "expected.json")))
+    expected = json.load(open(os.path.join(src, "expected.json")))
     with open(os.path.join(fp8_dir, "fp8.json"), "w") as f:
         json.dump({"prompt": expected["prompt"], "max_tokens": expected["max_tokens"],
                    "fp8_weights": count, "block": list(BLOCK), "mtp": expected["mtp"]}, f, indent=1)

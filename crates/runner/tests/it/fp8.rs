@@ -2,11 +2,12 @@
 //! `weight_scale_inv`), as DeepSeek-V3 and the `-FP8` releases are stored.
 //!
 //! `fixtures/fp8/` was written by `xtask/train/ref_fp8.py` from the sharded
-//! Qwen3.5 hub fixture: `qwen3_5-hf-fp8` holds 23 fp8 weights of the trunk and
-//! the MTP head in 16 × 24 blocks (partial on both axes), with every scale in
-//! the last of 7 shards; `qwen3_5-fp8-dequantized` holds the same model with
-//! each weight decoded and scaled in f32 by `ml_dtypes`, an implementation of
-//! the format independent of MLX's.
+//! hub fixtures of Qwen3.5 (hybrid, MTP head) and DeepSeek-V3 (MLA, MoE, MTP
+//! layer): `<family>-hf-fp8` holds the trunk's and the MTP head's linear
+//! weights (23 and 49) as fp8 in 16 × 24 blocks (partial on both axes), with
+//! every scale in the last shard; `<family>-fp8-dequantized` holds the same
+//! model with each weight decoded and scaled in f32 by `ml_dtypes`, an
+//! implementation of the format independent of MLX's.
 
 use std::path::{Path, PathBuf};
 
@@ -52,10 +53,9 @@ fn refusal<T>(r: runner::Result<T>) -> String {
     }
 }
 
-fn meta() -> (Vec<u32>, Value) {
-    let v: Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture("qwen3_5-hf-fp8/fp8.json")).unwrap())
-            .unwrap();
+fn meta(family: &str) -> (Vec<u32>, Value) {
+    let path = fixture(&format!("{family}-hf-fp8/fp8.json"));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let prompt = v["prompt"]
         .as_array()
         .unwrap()
@@ -71,29 +71,32 @@ fn meta() -> (Vec<u32>, Value) {
 /// speculation equals plain decoding.
 #[test]
 fn an_fp8_checkpoint_loads_as_its_dequantized_weights() {
-    let (prompt, meta) = meta();
-    let fp8 = prepared(&fixture("qwen3_5-hf-fp8"));
-    let reference = prepared(&fixture("qwen3_5-fp8-dequantized"));
-    let info = runner::inspect(fp8.path()).unwrap();
-    assert_eq!(
-        info.dtypes.get("F8_E4M3").copied(),
-        meta["fp8_weights"].as_u64().map(|n| n as usize),
-        "{:?}",
-        info.dtypes
-    );
-    assert!(info.mtp_head);
-    for dtype in [Dtype::Float32, Dtype::Bfloat16] {
-        let a = load(fp8.path(), dtype);
-        let b = load(reference.path(), dtype);
-        let (la, lb) = (logits(&a, &prompt), logits(&b, &prompt));
-        assert_eq!(la.len(), lb.len());
-        let differing = la.iter().zip(&lb).filter(|(x, y)| x != y).count();
+    for family in ["qwen3_5", "deepseek_v3"] {
+        let (prompt, meta) = meta(family);
+        let name = format!("{family}-hf-fp8");
+        let fp8 = prepared(&fixture(&name));
+        let reference = prepared(&fixture(&format!("{family}-fp8-dequantized")));
+        let info = runner::inspect(fp8.path()).unwrap();
         assert_eq!(
-            differing, 0,
-            "{dtype:?}: logits differ from the dequantized copy's"
+            info.dtypes.get("F8_E4M3").copied(),
+            meta["fp8_weights"].as_u64().map(|n| n as usize),
+            "{name}: {:?}",
+            info.dtypes
         );
-        if dtype == Dtype::Float32 {
-            check_speculation("qwen3_5-hf-fp8", &a, &prompt);
+        assert!(info.mtp_head, "{name}");
+        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            let a = load(fp8.path(), dtype);
+            let b = load(reference.path(), dtype);
+            let (la, lb) = (logits(&a, &prompt), logits(&b, &prompt));
+            assert_eq!(la.len(), lb.len());
+            let differing = la.iter().zip(&lb).filter(|(x, y)| x != y).count();
+            assert_eq!(
+                differing, 0,
+                "{name} {dtype:?}: logits differ from the dequantized copy's"
+            );
+            if dtype == Dtype::Float32 {
+                check_speculation(&name, &a, &prompt);
+            }
         }
     }
 }
@@ -136,7 +139,7 @@ fn inconsistent_fp8_checkpoints_are_refused_by_name() {
 /// read, then packed; the output declares MLX quantization only and loads.
 #[test]
 fn an_fp8_source_quantizes_to_an_mlx_model() {
-    let (prompt, _) = meta();
+    let (prompt, _) = meta("qwen3_5");
     let src = prepared(&fixture("qwen3_5-hf-fp8"));
     let out = tempfile::tempdir().unwrap();
     let dst = out.path().join("q8");
