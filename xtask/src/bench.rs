@@ -192,13 +192,23 @@ pub(crate) fn stamped(row: Value, suite: &str, stamp: &Value, device: &Value) ->
     Value::Object(m)
 }
 
-/// `old` without the (machine, device, suite, shape, dtype, engine) groups
-/// that `new` brings, then `new`. The last three are absent (null) outside
-/// `spec-scale`, whose runs of some shapes, dtypes or engines (`--shapes
-/// tiny --engines ours`) so keep the others' rows.
+/// `old` without the (machine, device, suite, shape, dtype, engine, kind)
+/// groups that `new` brings, then `new`. The last four are absent (null)
+/// outside `spec-scale`, whose runs of some shapes, dtypes or engines
+/// (`--shapes tiny --engines ours`) so keep the others' rows. `kind` keeps
+/// a run's by-products apart from its matrix: an f32 run's bf16
+/// kernel-unit rows replace the kernel-unit rows only, not a bf16 run's
+/// decode rows.
 pub(crate) fn merge_rows(old: Vec<Value>, new: Vec<Value>) -> Vec<Value> {
     let key = |r: &Value| {
-        ["machine", "device", "suite", "shape", "dtype", "engine"].map(|k| r[k].clone())
+        let kind = if r["suite"] == "spec-scale" {
+            r["kind"].clone()
+        } else {
+            Value::Null
+        };
+        let [m, d, s, sh, dt, e] =
+            ["machine", "device", "suite", "shape", "dtype", "engine"].map(|k| r[k].clone());
+        [m, d, s, sh, dt, e, kind]
     };
     let replaced: Vec<_> = new.iter().map(key).collect();
     old.into_iter()
@@ -586,6 +596,16 @@ mod tests {
         let merged = merge_rows(old, vec![scale("tiny", "f32", "mtp-runner", 10)]);
         let vs: Vec<i64> = merged.iter().map(|r| r["v"].as_i64().unwrap()).collect();
         assert_eq!(vs, [2, 3, 4, 10]);
+        // An f32 run's bf16 kernel check replaces kernel checks, not the bf16 matrix.
+        let kind = |dtype: &str, kind: &str, v: i32| {
+            json!({"machine": "h100", "device": "gpu", "suite": "spec-scale", "shape": "tiny",
+                   "dtype": dtype, "engine": "mtp-runner", "kind": kind, "v": v})
+        };
+        let old = vec![kind("bf16", "decode", 1), kind("bf16", "kernel-unit", 2)];
+        let new = vec![kind("f32", "decode", 10), kind("bf16", "kernel-unit", 11)];
+        let merged = merge_rows(old, new);
+        let vs: Vec<i64> = merged.iter().map(|r| r["v"].as_i64().unwrap()).collect();
+        assert_eq!(vs, [1, 10, 11]);
     }
 
     #[test]
