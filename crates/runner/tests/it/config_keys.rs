@@ -257,3 +257,58 @@ fn keys_the_references_read_differently_are_refused() {
     edit_config(swish.path(), |v| v["hidden_act"] = json!("swish"));
     assert_eq!(logits(swish.path()), logits(silu.path()));
 }
+
+/// DeepSeek-V3's config.json as the hub ships it (transformers 4.33 style:
+/// no `head_dim`, `rope_interleave` or `qk_head_dim`, YaRN under
+/// `rope_scaling` with `type` and integer betas, `torch_dtype`, and the keys
+/// of its remote code: `moe_layer_freq`, `scoring_func`, `topk_method`,
+/// `seq_aux`, `aux_loss_alpha`, `ep_size`) computes what the transformers-5
+/// config of the same fixture does; a top-k method or scoring function the
+/// runner does not implement is refused by name.
+#[test]
+fn a_hub_style_deepseek_v3_config_computes_the_same() {
+    let name = "deepseek_v3-hf-f32";
+    let written = edited(name, |_| {});
+    let hub = |v: &mut Value| {
+        for k in ["head_dim", "rope_interleave", "qk_head_dim", "dtype"] {
+            remove(v, k);
+        }
+        let rs = v["rope_scaling"].clone();
+        v["rope_scaling"] = json!({
+            "type": "yarn", "factor": rs["factor"], "beta_fast": 32, "beta_slow": 1,
+            "mscale": rs["mscale"], "mscale_all_dim": rs["mscale_all_dim"],
+            "original_max_position_embeddings": rs["original_max_position_embeddings"],
+        });
+        for (k, x) in [
+            ("torch_dtype", json!("float32")),
+            ("moe_layer_freq", json!(1)),
+            ("scoring_func", json!("sigmoid")),
+            ("topk_method", json!("noaux_tc")),
+            ("seq_aux", json!(true)),
+            ("aux_loss_alpha", json!(0.001)),
+            ("ep_size", json!(1)),
+        ] {
+            v[k] = x;
+        }
+    };
+    assert_eq!(edited(name, hub), written, "hub-style config");
+    assert_ne!(
+        edited(name, |v| {
+            hub(v);
+            v["rope_interleave"] = json!(false);
+        }),
+        written,
+        "control: half-split RoPE must differ"
+    );
+    for (key, value) in [
+        ("topk_method", json!("greedy")),
+        ("scoring_func", json!("softmax")),
+    ] {
+        let dir = prepared(&formats(name));
+        edit_config(dir.path(), |v| {
+            hub(v);
+            v[key] = value.clone();
+        });
+        refused(dir.path(), &[key]);
+    }
+}
