@@ -20,14 +20,13 @@
 //! with static activation scales, another fp8 format or a weight without its
 //! scale is refused, naming what and why.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use mlx_tensor::{Array, Dtype};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::weights::TensorEntry;
 
 /// The safetensors dtype of the quantized weights.
 pub(crate) const FP8_DTYPE: &str = "F8_E4M3";
@@ -124,20 +123,16 @@ pub(crate) fn is_scale(name: &str) -> bool {
     name.ends_with(SCALE_SUFFIX)
 }
 
+/// Every tensor of a checkpoint's headers: name → (safetensors dtype, shape).
+pub(crate) type HeaderIndex<'a> = HashMap<&'a str, (&'a str, &'a [usize])>;
+
 /// Checks every fp8 weight against its scales over all the checkpoint's
 /// headers (the scales of a weight may sit in another shard): present, of a
 /// float dtype, with the grid `config` implies; and no scales without their
 /// weight. `config` is `None` when config.json declares no fp8 quantization.
-pub(crate) fn check_headers(
-    files: &[(PathBuf, BTreeMap<String, TensorEntry>)],
-    config: Option<Fp8Config>,
-) -> Result<()> {
-    let all: HashMap<&str, &TensorEntry> = files
-        .iter()
-        .flat_map(|(_, e)| e.iter().map(|(n, e)| (n.as_str(), e)))
-        .collect();
-    for (&name, e) in &all {
-        if e.dtype == FP8_DTYPE {
+pub(crate) fn check_headers(all: &HeaderIndex<'_>, config: Option<Fp8Config>) -> Result<()> {
+    for (&name, &(dtype, shape)) in all {
+        if dtype == FP8_DTYPE {
             let Some(config) = config else {
                 return Err(Error::TensorDtype {
                     name: name.to_owned(),
@@ -148,21 +143,21 @@ pub(crate) fn check_headers(
                 });
             };
             let scale = scale_name(name);
-            let Some(s) = all.get(scale.as_str()) else {
+            let Some(&(s_dtype, s_shape)) = all.get(scale.as_str()) else {
                 return Err(Error::MissingTensor {
                     name: scale,
                     count: all.len(),
                 });
             };
-            if !matches!(s.dtype.as_str(), "F32" | "F16" | "BF16") {
+            if !matches!(s_dtype, "F32" | "F16" | "BF16") {
                 return Err(Error::TensorDtype {
                     name: scale,
-                    dtype: format!("{} (fp8 block scales are floats)", s.dtype),
+                    dtype: format!("{s_dtype} (fp8 block scales are floats)"),
                 });
             }
-            let want = config.scale_shape(&e.shape);
-            let per_tensor = config.block.is_none() && s.shape.iter().product::<usize>() == 1;
-            if want.as_ref() != Some(&s.shape) && !per_tensor {
+            let want = config.scale_shape(shape);
+            let per_tensor = config.block.is_none() && s_shape.iter().product::<usize>() == 1;
+            if want.as_deref() != Some(s_shape) && !per_tensor {
                 return Err(Error::InvalidConfig {
                     path: PathBuf::from("config.json"),
                     key: "quantization_config",
@@ -170,12 +165,12 @@ pub(crate) fn check_headers(
                         "`{scale}` has shape {:?}, but weight `{name}` {:?} with \
                          weight_block_size {:?} needs {want:?}; the checkpoint and its config \
                          disagree",
-                        s.shape, e.shape, config.block
+                        s_shape, shape, config.block
                     ),
                 });
             }
         } else if let Some(weight) = name.strip_suffix(SCALE_SUFFIX)
-            && all.get(weight).is_none_or(|w| w.dtype != FP8_DTYPE)
+            && all.get(weight).is_none_or(|&(d, _)| d != FP8_DTYPE)
         {
             return Err(Error::TensorDtype {
                 name: name.to_owned(),

@@ -179,7 +179,7 @@ pub fn quantize_folder_cancellable(
         readable(file)?;
         source_bytes += file_len(file)?;
     }
-    crate::fp8::check_headers(&headers, fp8)?;
+    crate::fp8::check_headers(&crate::weights::header_index(&headers), fp8)?;
     // An fp8 source is dequantized to bf16 (its compute dtype) as it is read.
     let mut scales = match fp8 {
         Some(_) => crate::fp8::collect_scales(&files)?,

@@ -379,6 +379,19 @@ pub struct Weights {
     dry: bool,
 }
 
+/// Every tensor of `files`' headers by name, for [`crate::fp8::check_headers`].
+pub(crate) fn header_index(
+    files: &[(PathBuf, BTreeMap<String, TensorEntry>)],
+) -> crate::fp8::HeaderIndex<'_> {
+    files
+        .iter()
+        .flat_map(|(_, e)| {
+            e.iter()
+                .map(|(n, e)| (n.as_str(), (e.dtype.as_str(), e.shape.as_slice())))
+        })
+        .collect()
+}
+
 /// The header entries of every file of `dir`, checking that no tensor is in two files.
 fn headers(files: &[PathBuf]) -> Result<Vec<(PathBuf, BTreeMap<String, TensorEntry>)>> {
     let mut seen: HashMap<String, PathBuf> = HashMap::new();
@@ -427,7 +440,7 @@ impl Weights {
     ) -> Result<Weights> {
         let files = headers(&weight_files(dir)?)?;
         let fp8 = Fp8Config::from_config(&config_json(dir)?, &dir.join("config.json"))?;
-        crate::fp8::check_headers(&files, fp8)?;
+        crate::fp8::check_headers(&header_index(&files), fp8)?;
         let mut scales = match fp8 {
             Some(_) if !dry => crate::fp8::collect_scales(
                 &files.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(),
