@@ -41,19 +41,6 @@ impl AttentionCore {
         }
     }
 
-    /// Heads of width `head_dim` with no q/k norms and softmax scale `scale`
-    /// (multi-head latent attention, whose scale is not `1/√head_dim`).
-    pub(crate) fn with_scale(heads: i32, head_dim: i32, scale: f32) -> AttentionCore {
-        AttentionCore {
-            q_norm: None,
-            k_norm: None,
-            heads,
-            kv_heads: heads,
-            head_dim,
-            scale,
-        }
-    }
-
     /// A projection `[1, L, n·D]` viewed as `n` heads: `[1, L, n, D]`.
     pub(crate) fn split(&self, y: &Array, n: i32) -> Result<Array> {
         Ok(y.reshape(&[1, y.dim(1), n, self.head_dim])?)
@@ -100,6 +87,16 @@ impl AttentionCore {
         cache: &mut dyn Cache,
     ) -> Result<Array> {
         let l = q.dim(2);
+        // Every kernel below reads q, k and v at one head width (multi-head
+        // latent attention, whose widths differ, has its own form in `mla.rs`).
+        assert!(
+            [q.dim(3), k.dim(3), v.dim(3)] == [self.head_dim; 3],
+            "attention of head width {} got q {}, k {}, v {} wide",
+            self.head_dim,
+            q.dim(3),
+            k.dim(3),
+            v.dim(3)
+        );
         // The cache picks the mask (before the update): causal aligned at the end for
         // L > 1, so a chunk at offset > 0 sees the whole prefix; none for one query.
         let mask = cache.make_mask(l as usize)?;

@@ -5,28 +5,29 @@
 //! over the rotary parts only (interleaved pairs by default), and a softmax
 //! scale that YaRN's `mscale_all_dim` raises.
 //!
-//! Design: the cache holds per-head keys (`qk_nope + qk_rope` wide) and
-//! values, as transformers' attention sees them, not mlx-lm's absorbed form
-//! (the normalised latent plus the rotary key, with `kv_b_proj` folded into
-//! the query and the output). Every attention path of `attention.rs` (the CPU
-//! rows kernel, MLX's fused kernel, the explicit form, the short CUDA
-//! kernels), the KV cache's rewinds and its snapshots then apply unchanged,
-//! and they all assume keys and values of one width: where `v_head_dim`
-//! differs from the query/key width, the narrower side is padded with zeros
-//! (zero query/key features add nothing to a score, zero value features give
-//! zero outputs, sliced off). The cost is cache memory: per token and layer
-//! `2 · heads · max(qk, v)` values against mlx-lm's `kv_lora + qk_rope`
-//! (DeepSeek-V3: 49,152 against 576); the absorbed form is a later step.
+//! Design: the cache holds mlx-lm's compressed form, not per-head keys and
+//! values: a one-head [`kvcache::KvCache`] whose keys are the normalised
+//! latent (`kv_lora_rank` wide) and whose values are the rotated key part
+//! (`qk_rope_head_dim`), so per position and layer `kv_lora + qk_rope`
+//! values (DeepSeek-V3, GLM-4.7-Flash: 576) against `2 · heads · max(qk, v)`
+//! (DeepSeek-V3: 49,152). Rewinds, snapshots and the prefix cache see an
+//! ordinary cache. `kv_b_proj` is split at load into each head's key rows
+//! W_uk and value rows W_uv; attention is computed here ([`MlaAttention`]'s
+//! `attend`), explicitly, since `AttentionCore`'s kernels take keys and
+//! values of one width per head: absorbed for a few rows (W_uk folded into
+//! the query, W_uv applied after the weighted sum of latents), expanded per
+//! head from the cached latent for a long prefill chunk, whichever takes
+//! fewer multiply-adds (`MlaAttention::absorbs`).
 
-use kvcache::Cache;
+use kvcache::{AttentionMask, Cache};
 use mlx_tensor::{Array, ops};
 use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::models::attention::AttentionCore;
 use crate::models::layers::{Linear, LinearLayout, RmsNorm, linear, rms_norm};
 use crate::models::rope::Rope;
+use crate::models::sdpa;
 use crate::weights::Vars;
 
 /// The epsilon of `q_a_layernorm` and `kv_a_layernorm`: transformers builds
@@ -141,11 +142,6 @@ impl MlaConfig {
     fn qk(&self) -> usize {
         self.qk_nope + self.qk_rope
     }
-
-    /// The width keys and values are cached at (see the module docs).
-    fn width(&self) -> usize {
-        self.qk().max(self.v_head)
-    }
 }
 
 /// transformers' `yarn_apply_mscale` factor: `0.1 · mscale_all_dim · ln(factor)
@@ -187,16 +183,20 @@ pub(crate) struct MlaAttention {
     q: Query,
     kv_a: Linear,
     kv_a_norm: RmsNorm,
-    /// `[heads · (qk_nope + v), kv_lora]`, dense even from mlx-lm's split form.
-    kv_b: Linear,
+    /// Each head's key rows of `kv_b_proj`, `[heads, qk_nope, kv_lora]`
+    /// (W_uk): a query's `q_nope · W_uk` scores against the latent itself.
+    w_uk: Array,
+    /// Each head's value rows of `kv_b_proj`, `[heads, v, kv_lora]` (W_uv).
+    w_uv: Array,
     o: Linear,
     dims: MlaConfig,
-    core: AttentionCore,
+    heads: i32,
 }
 
 impl MlaAttention {
-    /// Takes `self_attn.*` of one layer: the hub's `kv_b_proj`, or mlx-lm's
-    /// `embed_q` / `unembed_out` (dense or quantized) joined back into it.
+    /// Takes `self_attn.*` of one layer: the hub's `kv_b_proj`, split into
+    /// its per-head key and value rows, or mlx-lm's `embed_q` / `unembed_out`
+    /// (dense or quantized; quantized ones are dequantized).
     pub(crate) fn load(
         c: &ModelConfig,
         m: &MlaConfig,
@@ -231,29 +231,29 @@ impl MlaAttention {
             layout,
         )?;
         let kv_a_norm = rms_norm(a.pp("kv_a_layernorm"), m.kv_lora_rank, LATENT_NORM_EPS)?;
-        let kv_b = if a.contains("embed_q.weight") {
-            joined_kv_b(m, heads, &mut a, layout)?
+        let (w_uk, w_uv) = if a.contains("embed_q.weight") {
+            split_kv_b(m, heads, &mut a)?
         } else {
-            let out = heads * (m.qk_nope + m.v_head);
-            linear(a.pp("kv_b_proj"), m.kv_lora_rank, out, false, layout)?
+            hub_kv_b(m, heads, a.pp("kv_b_proj"))?
         };
         let o = linear(a.pp("o_proj"), heads * m.v_head, h, bias, layout)?;
         Ok(MlaAttention {
             q,
             kv_a,
             kv_a_norm,
-            kv_b,
+            w_uk,
+            w_uv,
             o,
             dims: *m,
-            core: AttentionCore::with_scale(heads as i32, m.width() as i32, m.scale),
+            heads: heads as i32,
         })
     }
 
-    /// Attention of `x` `[1, L, H]` at the cache's offset, appending its keys
-    /// and values to `cache`; `[1, L, H]` out.
+    /// Attention of `x` `[1, L, H]` at the cache's offset, appending its
+    /// latent and rotary key to `cache`; `[1, L, H]` out.
     pub(crate) fn forward(&self, x: &Array, cache: &mut dyn Cache, rope: &Rope) -> Result<Array> {
         let m = &self.dims;
-        let (l, heads) = (x.dim(1), self.core.heads);
+        let (l, heads) = (x.dim(1), self.heads);
         let (nope, rot, vd, lora) = (
             m.qk_nope as i32,
             m.qk_rope as i32,
@@ -264,41 +264,112 @@ impl MlaAttention {
             Query::Direct(p) => p.forward(x)?,
             Query::LowRank { a, norm, b } => b.forward(&norm.forward(&a.forward(x)?)?)?,
         };
-        // Heads-first `[1, heads, L, qk]`.
+        // Heads-first `[1, heads, L, qk]`, scaled once here for both score parts.
         let q = q
             .reshape(&[1, l, heads, nope + rot])?
             .transpose(&[0, 2, 1, 3])?;
+        let q = q.multiply(&Array::scalar(m.scale, q.dtype())?)?;
         let offset = cache.offset();
-        let q_rot = rope.forward(&q.slice_axis(3, nope, nope + rot)?, offset)?;
-        let q = ops::concatenate(&[q.slice_axis(3, 0, nope)?, q_rot], 3)?;
+        let q_pe = rope.forward(&q.slice_axis(3, nope, nope + rot)?, offset)?;
+        let q_nope = q.slice_axis(3, 0, nope)?;
         let ckv = self.kv_a.forward(x)?;
-        let latent = self.kv_a_norm.forward(&ckv.slice_axis(2, 0, lora)?)?;
-        // One rotary key head `[1, 1, L, rot]`, shared by every head.
-        let k_rot = ckv
+        // One "head" of each: the latent `[1, 1, L, lora]` and the rotary key
+        // `[1, 1, L, rot]`, cached as the keys and values of a 1-head cache.
+        let latent = self
+            .kv_a_norm
+            .forward(&ckv.slice_axis(2, 0, lora)?)?
+            .reshape(&[1, 1, l, lora])?;
+        let k_pe = ckv
             .slice_axis(2, lora, lora + rot)?
-            .reshape(&[1, l, 1, rot])?
-            .transpose(&[0, 2, 1, 3])?;
-        let k_rot = rope
-            .forward(&k_rot, offset)?
-            .broadcast_to(&[1, heads, l, rot])?;
-        let kv = self
-            .kv_b
-            .forward(&latent)?
-            .reshape(&[1, l, heads, nope + vd])?
-            .transpose(&[0, 2, 1, 3])?;
-        let k = ops::concatenate(&[kv.slice_axis(3, 0, nope)?, k_rot], 3)?;
-        let v = kv.slice_axis(3, nope, nope + vd)?;
-        let w = m.width() as i32;
-        let (q, k, v) = (pad(&q, w)?, pad(&k, w)?, pad(&v, w)?);
-        let o = self.core.attend_heads((q, k, v), cache)?;
-        let o = if w == vd {
-            o
-        } else {
-            o.reshape(&[1, l, heads, w])?
-                .slice_axis(3, 0, vd)?
-                .reshape(&[1, l, heads * vd])?
+            .reshape(&[1, 1, l, rot])?;
+        let k_pe = rope.forward(&k_pe, offset)?;
+        let mask = cache.make_mask(l as usize)?;
+        let (latent, k_pe) = cache.update_and_fetch(&latent, &k_pe)?;
+        let bias = match mask {
+            AttentionMask::None => None,
+            AttentionMask::Causal => {
+                let s = latent.dim(2);
+                Some(sdpa::causal_bias(l, s, s, latent.dtype())?)
+            }
+            AttentionMask::Array(a) => {
+                let zero = Array::scalar(0.0, latent.dtype())?;
+                let neg = Array::scalar(f32::NEG_INFINITY, latent.dtype())?;
+                Some(ops::r#where(&a, &zero, &neg)?)
+            }
         };
+        let absorbed = self.absorbs(l as usize);
+        let o = self.attend((&q_nope, &q_pe), (&latent, &k_pe), bias.as_ref(), absorbed)?;
+        let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[1, l, heads * vd])?;
         self.o.forward(&o)
+    }
+
+    /// `softmax(q_nope·k_nope + q_pe·k_pe + bias) · v` per head for the
+    /// scaled queries `[1, heads, L, nope | rope]` over the cached latent
+    /// `[1, 1, S, kv_lora]` and rotary keys `[1, 1, S, rope]`, returned
+    /// `[1, heads, L, v]`: absorbed (W_uk folded into the query, W_uv applied
+    /// to the attended latent) or over keys and values expanded per head.
+    /// The two are equal up to rounding; the softmax runs in f32.
+    fn attend(
+        &self,
+        (q_nope, q_pe): (&Array, &Array),
+        (latent, k_pe): (&Array, &Array),
+        bias: Option<&Array>,
+        absorbed: bool,
+    ) -> Result<Array> {
+        let (heads, l, s) = (self.heads, q_nope.dim(2), latent.dim(2));
+        let lora = latent.dim(3);
+        // The rotary part of the scores, for every head in one product.
+        let pe = q_pe
+            .reshape(&[1, 1, heads * l, q_pe.dim(3)])?
+            .matmul(&k_pe.swapaxes(-1, -2)?)?;
+        let softmax = |scores: Array| -> Result<Array> {
+            let scores = match bias {
+                Some(b) => scores.add(b)?,
+                None => scores,
+            };
+            Ok(scores.softmax(&[-1], true)?)
+        };
+        if absorbed {
+            // `q_nope · W_uk` scores against the latent itself; the weights
+            // then sum the latent, which `W_uv` turns into each head's value.
+            let q_lat = q_nope
+                .matmul(&self.w_uk)?
+                .reshape(&[1, 1, heads * l, lora])?;
+            let scores = pe
+                .addmm(&q_lat, &latent.swapaxes(-1, -2)?, 1.0, 1.0)?
+                .reshape(&[1, heads, l, s])?;
+            let p = softmax(scores)?.reshape(&[1, 1, heads * l, s])?;
+            Ok(p.matmul(latent)?
+                .reshape(&[1, heads, l, lora])?
+                .matmul(&self.w_uv.swapaxes(-1, -2)?)?)
+        } else {
+            // Each head's keys and values expanded from the latent, as
+            // transformers computes them.
+            let k_nope = latent.matmul(&self.w_uk.swapaxes(-1, -2)?)?;
+            let v = latent.matmul(&self.w_uv.swapaxes(-1, -2)?)?;
+            let scores = pe.reshape(&[1, heads, l, s])?.addmm(
+                q_nope,
+                &k_nope.swapaxes(-1, -2)?,
+                1.0,
+                1.0,
+            )?;
+            Ok(softmax(scores)?.matmul(&v)?)
+        }
+    }
+
+    /// Whether `rows` query rows attend in the absorbed form (the latent as
+    /// one shared key and value head) rather than over per-head keys and
+    /// values expanded from the latent. Multiply-adds per head and cached
+    /// position: absorbed, `rows · (2·kv_lora + rope)`; expanded, `rows ·
+    /// (nope + rope + v)` plus `kv_lora · (nope + v)` to expand that
+    /// position. A decode step and a verify absorb; a long prefill chunk
+    /// expands (GLM-4.7-Flash from 399 rows, DeepSeek-V3 from 171).
+    fn absorbs(&self, rows: usize) -> bool {
+        let m = &self.dims;
+        let absorbed = 2 * m.kv_lora_rank + m.qk_rope;
+        let expanded = m.qk_nope + m.qk_rope + m.v_head;
+        let expansion = m.kv_lora_rank * (m.qk_nope + m.v_head);
+        rows * absorbed <= rows * expanded + expansion
     }
 
     /// The layer's arrays (to evaluate at load).
@@ -312,35 +383,43 @@ impl MlaAttention {
                 v
             }
         };
-        for l in [&self.kv_a, &self.kv_b, &self.o] {
+        for l in [&self.kv_a, &self.o] {
             v.extend(l.arrays());
         }
-        v.push(self.kv_a_norm.weight().clone());
+        v.extend([
+            self.kv_a_norm.weight().clone(),
+            self.w_uk.clone(),
+            self.w_uv.clone(),
+        ]);
         v
     }
 }
 
-/// `x` `[1, H, L, d]` with zero features appended up to `width`.
-fn pad(x: &Array, width: i32) -> Result<Array> {
-    let d = x.dim(3);
-    if d == width {
-        return Ok(x.clone());
-    }
-    let zeros = ops::zeros(&[x.dim(0), x.dim(1), x.dim(2), width - d], x.dtype())?;
-    Ok(ops::concatenate(&[x.clone(), zeros], 3)?)
+/// The hub's `kv_b_proj` `[heads · (qk_nope + v), kv_lora]` (dense, or
+/// quantized and then dequantized) split into W_uk `[heads, qk_nope,
+/// kv_lora]` and W_uv `[heads, v, kv_lora]`: per head its key rows, then
+/// its value rows.
+fn hub_kv_b(m: &MlaConfig, heads: usize, mut vb: Vars<'_>) -> Result<(Array, Array)> {
+    let (lora, nope, v) = (m.kv_lora_rank, m.qk_nope, m.v_head);
+    let out = heads * (nope + v);
+    let w = match vb.take_quantized(out, lora)? {
+        Some(q) => q.dequantize()?,
+        None => vb.take("weight", &[out, lora])?,
+    };
+    let w = w.reshape(&[heads as i32, (nope + v) as i32, lora as i32])?;
+    let (nope, v) = (nope as i32, v as i32);
+    Ok((
+        w.slice_axis(1, 0, nope)?.contiguous()?,
+        w.slice_axis(1, nope, nope + v)?.contiguous()?,
+    ))
 }
 
 /// mlx-lm's split of `kv_b_proj` (its `sanitize`): `embed_q` `[heads,
 /// kv_lora, qk_nope]` (each head's key rows, transposed) and `unembed_out`
 /// `[heads, v, kv_lora]` (its value rows), dense or affine-quantized along
-/// their last axis; joined back into `[heads · (qk_nope + v), kv_lora]`.
+/// their last axis; returned as W_uk `[heads, qk_nope, kv_lora]` and W_uv.
 /// Quantized halves are dequantized: the same weights mlx-lm multiplies by.
-fn joined_kv_b(
-    m: &MlaConfig,
-    heads: usize,
-    a: &mut Vars<'_>,
-    layout: LinearLayout,
-) -> Result<Linear> {
+fn split_kv_b(m: &MlaConfig, heads: usize, a: &mut Vars<'_>) -> Result<(Array, Array)> {
     let (lora, nope, v) = (m.kv_lora_rank, m.qk_nope, m.v_head);
     let take = |mut vb: Vars<'_>, out: usize, input: usize| -> Result<Array> {
         match vb.take_quantized_stack(&[heads], out, input)? {
@@ -348,9 +427,7 @@ fn joined_kv_b(
             None => vb.take("weight", &[heads, out, input]),
         }
     };
-    let k = take(a.pp("embed_q"), lora, nope)?.transpose(&[0, 2, 1])?;
-    let v_rows = take(a.pp("unembed_out"), v, lora)?;
-    let w =
-        ops::concatenate(&[k, v_rows], 1)?.reshape(&[(heads * (nope + v)) as i32, lora as i32])?;
-    Ok(Linear::from_weight(&w.contiguous()?, None, layout)?)
+    let w_uk = take(a.pp("embed_q"), lora, nope)?.transpose(&[0, 2, 1])?;
+    let w_uv = take(a.pp("unembed_out"), v, lora)?;
+    Ok((w_uk.contiguous()?, w_uv.contiguous()?))
 }

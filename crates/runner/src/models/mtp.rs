@@ -11,8 +11,8 @@
 //!
 //! The head's block is the trunk family's decoder layer behind the small
 //! `head::HeadBlock` trait (attention with its own KV cache, then a SwiGLU MLP
-//! or a mixture-of-experts block: Qwen3.5-MoE, Qwen3-Next, GLM-4.5). DeepSeek's MLA is not
-//! implemented.
+//! or a mixture-of-experts block: Qwen3.5-MoE, Qwen3-Next, GLM-4.5; DeepSeek-V3 and
+//! GLM-4.7-Flash: multi-head latent attention, its cache the compressed latent).
 
 mod head;
 mod layout;

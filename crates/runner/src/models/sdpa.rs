@@ -318,7 +318,7 @@ pub(crate) fn padded(q: &Array, k: &Array, v: &Array, live: i32, scale: f32) -> 
 /// Additive causal bias `[L, S]` over `live ≤ S` real keys (0 where query
 /// `i` sees key `j ≤ live-L+i`, −∞ elsewhere, the padding keys `j ≥ live`
 /// included), shared by every layer of a forward.
-fn causal_bias(l: i32, live: i32, s: i32, dtype: Dtype) -> Result<Array> {
+pub(crate) fn causal_bias(l: i32, live: i32, s: i32, dtype: Dtype) -> Result<Array> {
     MASK.with(|m| {
         if let Some((shape, a)) = m.borrow().as_ref()
             && *shape == (l, live, s, dtype)

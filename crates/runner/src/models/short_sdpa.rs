@@ -276,6 +276,16 @@ pub(crate) fn applies(rows: i32, heads: i32, kv_heads: i32, head_dim: i32, dtype
 pub fn attend(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
     let (hq, l, d) = (q.dim(1), q.dim(2), q.dim(3));
     let (hkv, s) = (k.dim(1), k.dim(2));
+    // The kernels read keys and values at q's width, 32 features a lane:
+    // other widths would read past them or skip features (a caller that did
+    // not ask `applies`, a bug).
+    assert!(
+        k.dim(3) == d && v.dim(3) == d && v.dim(2) == s && d % 32 == 0 && (32..=256).contains(&d),
+        "short attention takes one head width, a multiple of 32 up to 256; got q {:?}, k {:?}, v {:?}",
+        q.shape(),
+        k.shape(),
+        v.shape()
+    );
     let chunks = (s + CHUNK - 1) / CHUNK;
     let warps = WARPS.min(hq / hkv * l);
     let templates = [

@@ -8,10 +8,13 @@
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-use runner::{DepthPolicy, GenerateOptions, SamplingOptions, Session};
+use kvcache::Cache;
+use mlx_tensor::Array;
+use runner::{DepthPolicy, GenerateOptions, PrefixCache, ReuseSource, SamplingOptions, Session};
 
 use serde_json::{Value, json};
 
+use crate::common::Generate;
 use crate::formats::{check_speculation, prepared};
 use crate::strict_loading::{edit_config, refused};
 
@@ -208,6 +211,89 @@ fn greedy_mtp_equals_plain_at_every_depth() {
             assert!(s.drafted > 0, "{name} at {depth:?}: nothing drafted");
         }
     }
+}
+
+/// Bytes per cached position of `caches`, from their live contents.
+fn bytes_per_position(caches: &[Box<dyn Cache>]) -> usize {
+    caches
+        .iter()
+        .map(|c| {
+            let live = c.live().unwrap();
+            live.iter().map(Array::nbytes).sum::<usize>() / c.offset()
+        })
+        .sum()
+}
+
+/// The MLA caches hold mlx-lm's compressed form, the normalised latent and
+/// the one rotary key per position: on the DeepSeek-V3 fixture (f32,
+/// `kv_lora_rank` 32, `qk_rope_head_dim` 16) `(32 + 16) · 4` bytes per
+/// layer, not per-head keys and values (`2 · 2 heads · 48 · 4`). A
+/// speculative session's caches (rewound by its rejections) then serve a
+/// longer prompt through the prefix cache in a fresh session and through a
+/// rewind of the live one, each equal to a cold run.
+#[test]
+fn mla_caches_hold_the_latent_and_serve_the_next_request() {
+    let dir = fixture("deepseek_v3-hf-f32");
+    let m = runner::load(dir.path(), runner::LoadOptions::default(), |_, _| {}).unwrap();
+    let (model, tok) = (m.model.as_ref(), &m.tokenizer);
+    let opts = GenerateOptions {
+        max_tokens: 12,
+        sampling: SamplingOptions::greedy(),
+        depth: DepthPolicy::Fixed(3),
+        ..GenerateOptions::default()
+    };
+    let mut s = Session::with_mtp(model).unwrap();
+    s.run(tok, &[5, 77, 130, 9, 201, 44, 3, 250], &opts)
+        .unwrap();
+    let per_layer = (32 + 16) * 4;
+    assert_eq!(bytes_per_position(s.caches()), 2 * per_layer, "2 layers");
+    assert_eq!(bytes_per_position(s.draft_caches()), per_layer, "MTP head");
+
+    let held = s.committed().to_vec();
+    let mut prompt = held[..held.len() - 2].to_vec();
+    prompt.extend([40, 41, 42]);
+    let cold = Session::with_mtp(model)
+        .unwrap()
+        .run(tok, &prompt, &opts)
+        .unwrap();
+    let mut cache = PrefixCache::new(64 << 20);
+    assert!(cache.store(&s).unwrap());
+    let mut fresh = Session::with_mtp(model).unwrap();
+    let r = cache.prepare(&mut fresh, &prompt).unwrap();
+    assert_eq!((r.tokens, r.source), (held.len() - 2, ReuseSource::Stored));
+    let warm = fresh.run(tok, &prompt[r.tokens..], &opts).unwrap();
+    assert_eq!(
+        warm.token_ids, cold.token_ids,
+        "restored from the prefix cache"
+    );
+    let n = s.reuse_prefix(&prompt).unwrap();
+    assert_eq!(n, held.len() - 2);
+    let rewound = s.run(tok, &prompt[n..], &opts).unwrap();
+    assert_eq!(
+        rewound.token_ids, cold.token_ids,
+        "the live session rewound"
+    );
+}
+
+/// A prefill chunk long enough to attend over per-head keys and values
+/// expanded from the latent (DeepSeek-V3's fixture from 97 rows) gives the
+/// hidden state of short chunks, which attend in the absorbed form (within
+/// 1e-4, f32).
+#[test]
+fn mla_expanded_and_absorbed_forms_agree() {
+    let dir = fixture("deepseek_v3-hf-f32");
+    let m = runner::load(dir.path(), runner::LoadOptions::default(), |_, _| {}).unwrap();
+    let prompt: Vec<u32> = (0..120u32).map(|i| 3 + (i * 37 + 11) % 250).collect();
+    let stop = AtomicBool::new(false);
+    let last = |chunk: usize| -> Vec<f32> {
+        let mut s = Session::new(m.model.as_ref());
+        let h = s.prefill(&prompt, chunk, &stop).unwrap().unwrap();
+        let n = h.dim(0);
+        h.slice_axis(0, n - 1, n).unwrap().to_vec::<f32>().unwrap()
+    };
+    let (expanded, absorbed) = (last(prompt.len()), last(8));
+    let worst = crate::common::max_abs_diff(&expanded, &absorbed);
+    assert!(worst <= 1e-4, "forms differ by {worst}");
 }
 
 /// The random MTP heads above accept almost nothing (each round keeps only
