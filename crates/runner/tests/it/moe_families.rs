@@ -224,13 +224,29 @@ fn bytes_per_position(caches: &[Box<dyn Cache>]) -> usize {
         .sum()
 }
 
+/// The largest difference between the live contents of two cache stacks at
+/// one offset.
+fn cache_diff(a: &[Box<dyn Cache>], b: &[Box<dyn Cache>]) -> f32 {
+    let mut worst = 0.0f32;
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x.offset(), y.offset(), "cache offsets differ");
+        for (p, q) in x.live().unwrap().iter().zip(y.live().unwrap()) {
+            let (p, q) = (p.to_vec::<f32>().unwrap(), q.to_vec::<f32>().unwrap());
+            worst = worst.max(crate::common::max_abs_diff(&p, &q));
+        }
+    }
+    worst
+}
+
 /// The MLA caches hold mlx-lm's compressed form, the normalised latent and
 /// the one rotary key per position: on the DeepSeek-V3 fixture (f32,
 /// `kv_lora_rank` 32, `qk_rope_head_dim` 16) `(32 + 16) · 4` bytes per
 /// layer, not per-head keys and values (`2 · 2 heads · 48 · 4`). A
 /// speculative session's caches (rewound by its rejections) then serve a
 /// longer prompt through the prefix cache in a fresh session and through a
-/// rewind of the live one, each equal to a cold run.
+/// rewind of the live one, each equal to a cold run in tokens and in cache
+/// contents (within 1e-4, f32: the warm runs forward the prompt in other
+/// chunks).
 #[test]
 fn mla_caches_hold_the_latent_and_serve_the_next_request() {
     let dir = fixture("deepseek_v3-hf-f32");
@@ -252,10 +268,8 @@ fn mla_caches_hold_the_latent_and_serve_the_next_request() {
     let held = s.committed().to_vec();
     let mut prompt = held[..held.len() - 2].to_vec();
     prompt.extend([40, 41, 42]);
-    let cold = Session::with_mtp(model)
-        .unwrap()
-        .run(tok, &prompt, &opts)
-        .unwrap();
+    let mut c = Session::with_mtp(model).unwrap();
+    let cold = c.run(tok, &prompt, &opts).unwrap();
     let mut cache = PrefixCache::new(64 << 20);
     assert!(cache.store(&s).unwrap());
     let mut fresh = Session::with_mtp(model).unwrap();
@@ -266,6 +280,8 @@ fn mla_caches_hold_the_latent_and_serve_the_next_request() {
         warm.token_ids, cold.token_ids,
         "restored from the prefix cache"
     );
+    let d = cache_diff(fresh.caches(), c.caches());
+    assert!(d <= 1e-4, "restored caches differ from cold ones by {d}");
     let n = s.reuse_prefix(&prompt).unwrap();
     assert_eq!(n, held.len() - 2);
     let rewound = s.run(tok, &prompt[n..], &opts).unwrap();
@@ -273,6 +289,8 @@ fn mla_caches_hold_the_latent_and_serve_the_next_request() {
         rewound.token_ids, cold.token_ids,
         "the live session rewound"
     );
+    let d = cache_diff(s.caches(), c.caches());
+    assert!(d <= 1e-4, "rewound caches differ from cold ones by {d}");
 }
 
 /// A prefill chunk long enough to attend over per-head keys and values
