@@ -45,6 +45,8 @@ commands:
   ref-check [...]    python3 xtask/train/ref_check.py [...]
   ref-formats [...]  python3 xtask/train/ref_formats.py [...]: rewrite the checkpoint-format fixtures
                      (transformers + mlx-lm) under crates/runner/tests/fixtures/formats
+  ref-fp-modes [...] python3 xtask/train/ref_fp_modes.py [...]: the mlx-lm mxfp4 / mxfp8 / nvfp4
+                     fixtures, converted from the shipped *-mlx-f32 folders
 ";
 
 fn main() -> ExitCode {
@@ -80,6 +82,7 @@ fn run() -> Result<()> {
         "train-tiny" => python::run_script("train.py", rest),
         "ref-check" => python::run_script("ref_check.py", rest),
         "ref-formats" => python::run_script("ref_formats.py", rest),
+        "ref-fp-modes" => python::run_script("ref_fp_modes.py", rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

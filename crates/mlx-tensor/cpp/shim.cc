@@ -265,29 +265,33 @@ ArrPtr matmul(const Arr& a, const Arr& b) { return wrap(mx::matmul(a.a, b.a)); }
 ArrPtr addmm(const Arr& c, const Arr& a, const Arr& b, float alpha, float beta) {
   return wrap(mx::addmm(c.a, a.a, b.a, alpha, beta));
 }
-std::unique_ptr<ArrList> quantize(const Arr& w, int32_t group_size, int32_t bits) {
-  auto l = std::make_unique<ArrList>();
-  l->items = mx::quantize(w.a, group_size, bits, "affine");
-  return l;
-}
-ArrPtr dequantize(const Arr& w, const Arr& scales, const Arr& biases, int32_t group_size, int32_t bits) {
-  return wrap(mx::dequantize(w.a, scales.a, biases.a, group_size, bits, "affine"));
-}
-ArrPtr quantized_matmul(const Arr& x, const Arr& w, const Arr& scales, const Arr& biases, bool transpose,
-                        int32_t group_size, int32_t bits) {
-  return wrap(mx::quantized_matmul(x.a, w.a, scales.a, biases.a, transpose, group_size, bits, "affine"));
-}
 static std::optional<mx::array> opt(bool has, const Arr& a) {
   return has ? std::optional<mx::array>(a.a) : std::nullopt;
+}
+std::unique_ptr<ArrList> quantize(const Arr& w, int32_t group_size, int32_t bits, rust::Str mode) {
+  auto l = std::make_unique<ArrList>();
+  l->items = mx::quantize(w.a, group_size, bits, std::string(mode));
+  return l;
+}
+ArrPtr dequantize(const Arr& w, const Arr& scales, bool has_biases, const Arr& biases, int32_t group_size,
+                  int32_t bits, rust::Str mode, DtypeCode dtype) {
+  return wrap(mx::dequantize(w.a, scales.a, opt(has_biases, biases), group_size, bits, std::string(mode),
+                             std::nullopt, to_dtype(dtype)));
+}
+ArrPtr quantized_matmul(const Arr& x, const Arr& w, const Arr& scales, bool has_biases, const Arr& biases,
+                        bool transpose, int32_t group_size, int32_t bits, rust::Str mode) {
+  return wrap(mx::quantized_matmul(x.a, w.a, scales.a, opt(has_biases, biases), transpose, group_size, bits,
+                                   std::string(mode)));
 }
 ArrPtr gather_mm(const Arr& a, const Arr& b, bool has_lhs, const Arr& lhs, bool has_rhs, const Arr& rhs,
                  bool sorted) {
   return wrap(mx::gather_mm(a.a, b.a, opt(has_lhs, lhs), opt(has_rhs, rhs), sorted));
 }
-ArrPtr gather_qmm(const Arr& x, const Arr& w, const Arr& scales, const Arr& biases, bool has_lhs, const Arr& lhs,
-                  bool has_rhs, const Arr& rhs, bool transpose, int32_t group_size, int32_t bits, bool sorted) {
-  return wrap(mx::gather_qmm(x.a, w.a, scales.a, biases.a, opt(has_lhs, lhs), opt(has_rhs, rhs), transpose,
-                             group_size, bits, "affine", std::nullopt, sorted));
+ArrPtr gather_qmm(const Arr& x, const Arr& w, const Arr& scales, bool has_biases, const Arr& biases, bool has_lhs,
+                  const Arr& lhs, bool has_rhs, const Arr& rhs, bool transpose, int32_t group_size, int32_t bits,
+                  rust::Str mode, bool sorted) {
+  return wrap(mx::gather_qmm(x.a, w.a, scales.a, opt(has_biases, biases), opt(has_lhs, lhs), opt(has_rhs, rhs),
+                             transpose, group_size, bits, std::string(mode), std::nullopt, sorted));
 }
 
 ArrPtr reshape(const Arr& a, rust::Slice<const int32_t> shape) { return wrap(mx::reshape(a.a, to_shape(shape))); }

@@ -85,10 +85,13 @@ ArrPtr from_fp8(const Arr& a, DtypeCode dtype);
 // Linear algebra.
 ArrPtr matmul(const Arr& a, const Arr& b);
 ArrPtr addmm(const Arr& c, const Arr& a, const Arr& b, float alpha, float beta);
-std::unique_ptr<ArrList> quantize(const Arr& w, int32_t group_size, int32_t bits);
-ArrPtr dequantize(const Arr& w, const Arr& scales, const Arr& biases, int32_t group_size, int32_t bits);
-ArrPtr quantized_matmul(const Arr& x, const Arr& w, const Arr& scales, const Arr& biases, bool transpose,
-                        int32_t group_size, int32_t bits);
+// `mode` is MLX's quantization mode ("affine", "mxfp4", "mxfp8", "nvfp4"); only
+// affine has biases (`has_biases` false: none).
+std::unique_ptr<ArrList> quantize(const Arr& w, int32_t group_size, int32_t bits, rust::Str mode);
+ArrPtr dequantize(const Arr& w, const Arr& scales, bool has_biases, const Arr& biases, int32_t group_size,
+                  int32_t bits, rust::Str mode, DtypeCode dtype);
+ArrPtr quantized_matmul(const Arr& x, const Arr& w, const Arr& scales, bool has_biases, const Arr& biases,
+                        bool transpose, int32_t group_size, int32_t bits, rust::Str mode);
 // Gathered (per-expert) matmuls; an index flag `has_*` false means "no indices".
 ArrPtr gather_mm(const Arr& a, const Arr& b, bool has_lhs, const Arr& lhs, bool has_rhs, const Arr& rhs,
                  bool sorted);
@@ -109,8 +112,9 @@ ArrPtr rms_norm_cpu(const Arr& x, const Arr& w, float eps);
 ArrPtr heads_cpu(const Arr& x, bool has_norm, const Arr& norm, float eps, int32_t offset, int32_t rot_dims,
                  float log2_base, float scale, bool has_freqs, const Arr& freqs, float mscale);
 ArrPtr swiglu_cpu(const Arr& gu);
-ArrPtr gather_qmm(const Arr& x, const Arr& w, const Arr& scales, const Arr& biases, bool has_lhs, const Arr& lhs,
-                  bool has_rhs, const Arr& rhs, bool transpose, int32_t group_size, int32_t bits, bool sorted);
+ArrPtr gather_qmm(const Arr& x, const Arr& w, const Arr& scales, bool has_biases, const Arr& biases, bool has_lhs,
+                  const Arr& lhs, bool has_rhs, const Arr& rhs, bool transpose, int32_t group_size, int32_t bits,
+                  rust::Str mode, bool sorted);
 
 // Shape.
 ArrPtr reshape(const Arr& a, rust::Slice<const int32_t> shape);

@@ -139,22 +139,29 @@ pub(crate) mod sys {
 
         fn matmul(a: &Arr, b: &Arr) -> Result<UniquePtr<Arr>>;
         fn addmm(c: &Arr, a: &Arr, b: &Arr, alpha: f32, beta: f32) -> Result<UniquePtr<Arr>>;
-        fn quantize(w: &Arr, group_size: i32, bits: i32) -> Result<UniquePtr<ArrList>>;
+        fn quantize(w: &Arr, group_size: i32, bits: i32, mode: &str) -> Result<UniquePtr<ArrList>>;
+        #[allow(clippy::too_many_arguments)]
         fn dequantize(
             w: &Arr,
             scales: &Arr,
+            has_biases: bool,
             biases: &Arr,
             group_size: i32,
             bits: i32,
+            mode: &str,
+            dtype: DtypeCode,
         ) -> Result<UniquePtr<Arr>>;
+        #[allow(clippy::too_many_arguments)]
         fn quantized_matmul(
             x: &Arr,
             w: &Arr,
             scales: &Arr,
+            has_biases: bool,
             biases: &Arr,
             transpose: bool,
             group_size: i32,
             bits: i32,
+            mode: &str,
         ) -> Result<UniquePtr<Arr>>;
         fn rows_matmul_t(x: &Arr, w: &Arr) -> Result<UniquePtr<Arr>>;
         fn quant_rows_matmul_t(
@@ -205,6 +212,7 @@ pub(crate) mod sys {
             x: &Arr,
             w: &Arr,
             scales: &Arr,
+            has_biases: bool,
             biases: &Arr,
             has_lhs: bool,
             lhs: &Arr,
@@ -213,6 +221,7 @@ pub(crate) mod sys {
             transpose: bool,
             group_size: i32,
             bits: i32,
+            mode: &str,
             sorted: bool,
         ) -> Result<UniquePtr<Arr>>;
 

@@ -358,14 +358,89 @@ impl Array {
     /// Affine-quantizes the last axis: returns `(packed, scales, biases)`.
     #[track_caller]
     pub fn quantize(&self, group_size: i32, bits: i32) -> Result<(Array, Array, Array)> {
+        match self.quantize_mode(group_size, bits, QuantMode::Affine)? {
+            (w, s, Some(b)) => Ok((w, s, b)),
+            _ => panic!("MLX affine quantize returned no biases"),
+        }
+    }
+
+    /// Quantizes the last axis in `mode`: returns `(packed, scales, biases)`,
+    /// biases only for [`QuantMode::Affine`] (the floating-point modes
+    /// store uint8 scales and no biases).
+    #[track_caller]
+    pub fn quantize_mode(
+        &self,
+        group_size: i32,
+        bits: i32,
+        mode: QuantMode,
+    ) -> Result<(Array, Array, Option<Array>)> {
         let parts = List {
-            inner: check(sys::quantize(self.raw(), group_size, bits))?,
+            inner: check(sys::quantize(self.raw(), group_size, bits, mode.name()))?,
         }
         .into_arrays()?;
         let mut it = parts.into_iter();
         match (it.next(), it.next(), it.next()) {
-            (Some(w), Some(s), Some(b)) => Ok((w, s, b)),
-            _ => panic!("MLX affine quantize returned fewer than three arrays"),
+            (Some(w), Some(s), b) => Ok((w, s, b)),
+            _ => panic!("MLX quantize returned fewer than two arrays"),
+        }
+    }
+}
+
+/// MLX's quantization modes: how codes and scales turn back into weights.
+///
+/// `Affine` stores `bits`-bit integer codes with a float scale and bias per
+/// group (`w = scale · code + bias`); the floating-point modes store fp4
+/// (e2m1) or fp8 (e4m3) codes with a uint8 scale per group and no bias:
+/// an e8m0 power of two for `Mxfp4` / `Mxfp8` (groups of 32), an e4m3
+/// float for `Nvfp4` (groups of 16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantMode {
+    /// Integer codes, float scales and biases.
+    Affine,
+    /// OCP MX fp4: e2m1 codes, e8m0 scales, groups of 32.
+    Mxfp4,
+    /// OCP MX fp8: e4m3 codes, e8m0 scales, groups of 32.
+    Mxfp8,
+    /// NVIDIA fp4: e2m1 codes, e4m3 scales, groups of 16.
+    Nvfp4,
+}
+
+impl QuantMode {
+    /// Every mode.
+    pub const ALL: [QuantMode; 4] = [
+        QuantMode::Affine,
+        QuantMode::Mxfp4,
+        QuantMode::Mxfp8,
+        QuantMode::Nvfp4,
+    ];
+
+    /// The name MLX and mlx-lm's config.json use.
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantMode::Affine => "affine",
+            QuantMode::Mxfp4 => "mxfp4",
+            QuantMode::Mxfp8 => "mxfp8",
+            QuantMode::Nvfp4 => "nvfp4",
+        }
+    }
+
+    /// The mode named `name`, if MLX has it.
+    pub fn from_name(name: &str) -> Option<QuantMode> {
+        QuantMode::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    /// Whether the mode stores a bias per group (affine only).
+    pub fn has_biases(self) -> bool {
+        self == QuantMode::Affine
+    }
+
+    /// The `(group_size, bits)` a floating-point mode fixes; `None` for affine.
+    pub fn fixed(self) -> Option<(i32, i32)> {
+        match self {
+            QuantMode::Affine => None,
+            QuantMode::Mxfp4 => Some((32, 4)),
+            QuantMode::Mxfp8 => Some((32, 8)),
+            QuantMode::Nvfp4 => Some((16, 4)),
         }
     }
 }
@@ -428,17 +503,44 @@ pub fn dequantize(
     group_size: i32,
     bits: i32,
 ) -> Result<Array> {
+    dequantize_mode(
+        w,
+        scales,
+        Some(biases),
+        group_size,
+        bits,
+        QuantMode::Affine,
+        scales.dtype(),
+    )
+}
+
+/// Dequantizes a matrix quantized in `mode` into `dtype` (biases only for
+/// affine; MLX's own default for the floating-point modes is bf16).
+#[track_caller]
+pub fn dequantize_mode(
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    group_size: i32,
+    bits: i32,
+    mode: QuantMode,
+    dtype: Dtype,
+) -> Result<Array> {
     check(sys::dequantize(
         w.raw(),
         scales.raw(),
-        biases.raw(),
+        biases.is_some(),
+        biases.unwrap_or(scales).raw(),
         group_size,
         bits,
+        mode.name(),
+        dtype.code(),
     ))
     .map(Array::wrap)
 }
 
-/// `x @ dequantize(w).T` (or without the transpose) without materialising `w`.
+/// `x @ dequantize(w).T` (or without the transpose) without materialising
+/// `w`, for an affine-quantized `w`.
 #[track_caller]
 pub fn quantized_matmul(
     x: &Array,
@@ -449,14 +551,41 @@ pub fn quantized_matmul(
     group_size: i32,
     bits: i32,
 ) -> Result<Array> {
+    quantized_matmul_mode(
+        x,
+        w,
+        scales,
+        Some(biases),
+        transpose,
+        group_size,
+        bits,
+        QuantMode::Affine,
+    )
+}
+
+/// [`quantized_matmul`] for `w` quantized in `mode` (biases only for affine).
+#[track_caller]
+#[allow(clippy::too_many_arguments)]
+pub fn quantized_matmul_mode(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    transpose: bool,
+    group_size: i32,
+    bits: i32,
+    mode: QuantMode,
+) -> Result<Array> {
     check(sys::quantized_matmul(
         x.raw(),
         w.raw(),
         scales.raw(),
-        biases.raw(),
+        biases.is_some(),
+        biases.unwrap_or(scales).raw(),
         transpose,
         group_size,
         bits,
+        mode.name(),
     ))
     .map(Array::wrap)
 }
@@ -712,24 +841,27 @@ pub fn gather_mm(
     .map(Array::wrap)
 }
 
-/// Affine-quantized stacked weights for [`gather_qmm`]: `w` packed
-/// `[E, out, in · bits / 32]`, `scales` and `biases` `[E, out, in / group_size]`
-/// (with `transpose`; MLX's layout of a quantized `[E, out, in]` stack).
+/// Quantized stacked weights for [`gather_qmm`]: `w` packed
+/// `[E, out, in · bits / 32]`, `scales` (and, affine only, `biases`)
+/// `[E, out, in / group_size]` (with `transpose`; MLX's layout of a
+/// quantized `[E, out, in]` stack).
 #[derive(Debug, Clone, Copy)]
 pub struct QuantizedStack<'a> {
     /// Packed uint32 codes.
     pub w: &'a Array,
     /// Per-group scales.
     pub scales: &'a Array,
-    /// Per-group biases.
-    pub biases: &'a Array,
+    /// Per-group biases (affine only).
+    pub biases: Option<&'a Array>,
     /// Inputs per group.
     pub group_size: i32,
     /// Bits per code.
     pub bits: i32,
+    /// How the codes and scales decode.
+    pub mode: QuantMode,
 }
 
-/// [`gather_mm`] over affine-quantized `b`: `x[lhs] @ dequantize(w[rhs]).T`
+/// [`gather_mm`] over quantized `b`: `x[lhs] @ dequantize(w[rhs]).T`
 /// (or without the transpose) without dequantizing (MLX `gather_qmm`).
 #[track_caller]
 pub fn gather_qmm(
@@ -744,7 +876,8 @@ pub fn gather_qmm(
         x.raw(),
         w.w.raw(),
         w.scales.raw(),
-        w.biases.raw(),
+        w.biases.is_some(),
+        w.biases.unwrap_or(w.scales).raw(),
         lhs_indices.is_some(),
         lhs_indices.unwrap_or(x).raw(),
         rhs_indices.is_some(),
@@ -752,6 +885,7 @@ pub fn gather_qmm(
         transpose,
         w.group_size,
         w.bits,
+        w.mode.name(),
         sorted,
     ))
     .map(Array::wrap)

@@ -86,10 +86,9 @@ impl DraftQuant {
             q => q,
         };
         match chosen {
-            DraftQuant::Bits(bits @ (4 | 8)) => Ok(Some(QuantParams {
-                group_size: DRAFT_GROUP_SIZE,
-                bits,
-            })),
+            DraftQuant::Bits(bits @ (4 | 8)) => {
+                Ok(Some(QuantParams::affine(DRAFT_GROUP_SIZE, bits)))
+            }
             DraftQuant::Bits(bits) => Err(Error::InvalidOption {
                 option: "draft-quant",
                 message: format!("{bits} bits: a draft head is quantized to 4 or 8 bits"),
@@ -246,10 +245,7 @@ mod tests {
                 for bits in [4, 8] {
                     assert_eq!(
                         resolve(DraftQuant::Bits(bits)).unwrap(),
-                        Some(QuantParams {
-                            group_size: 64,
-                            bits
-                        }),
+                        Some(QuantParams::affine(64, bits)),
                         "{bits} bits on {device:?} {dtype:?}"
                     );
                 }

@@ -1,26 +1,35 @@
-//! MLX affine quantization: the `quantization` block of config.json and quantized tensor triples.
+//! MLX quantization: the `quantization` block of config.json and quantized tensors.
 //!
-//! mlx-lm stores a quantized linear or embedding `{p}` as three tensors:
-//! `{p}.weight` (uint32, `bits`-bit codes packed along the input axis, shape
-//! `[out, in · bits / 32]`), `{p}.scales` and `{p}.biases` (one per group of
-//! `group_size` inputs, shape `[out, in / group_size]`), dequantizing as
-//! `w = scale · code + bias`. config.json names the defaults and per-module
-//! overrides:
+//! mlx-lm stores a quantized linear or embedding `{p}` as `{p}.weight`
+//! (uint32, `bits`-bit codes packed along the input axis, shape
+//! `[out, in · bits / 32]`) and `{p}.scales` (one per group of `group_size`
+//! inputs, shape `[out, in / group_size]`), plus, in MLX's `affine` mode
+//! only, `{p}.biases` of the scales' shape, dequantizing as
+//! `w = scale · code + bias` with scales and biases in the float dtype. The
+//! floating-point modes (`mlx_lm.convert --q-mode`) store no biases and
+//! uint8 scales, each fixing its group size and bits: `mxfp4` (e2m1 codes,
+//! e8m0 scales, 32 / 4), `mxfp8` (e4m3 codes, e8m0 scales, 32 / 8) and
+//! `nvfp4` (e2m1 codes, e4m3 scales, 16 / 4). config.json names the
+//! defaults and per-module overrides, each with its own mode:
 //!
 //! ```json
-//! "quantization": {"group_size": 64, "bits": 4, "mode": "affine",
-//!                  "mtp.fc": false, "lm_head": {"group_size": 64, "bits": 8}}
+//! "quantization": {"group_size": 16, "bits": 4, "mode": "nvfp4",
+//!                  "mtp.fc": false,
+//!                  "lm_head": {"group_size": 32, "bits": 8, "mode": "mxfp8"}}
 //! ```
 //!
 //! mlx-lm writes the same block again as `quantization_config`; either key is
 //! read. A module is quantized exactly when its `.scales` tensor is present
-//! (mlx-lm's rule too); the config then says which `bits` and `group_size`
-//! its shapes must match.
+//! (mlx-lm's rule too); the config then says which mode, `bits` and
+//! `group_size` its tensors must match. An nvfp4 expert stack with a
+//! per-expert `global_scale` (mlx-lm's `quantize_model(global_scale=True)`,
+//! which MLX computes on the GPU only) is refused.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use mlx_tensor::{Array, ops};
+use mlx_tensor::ops::QuantMode;
+use mlx_tensor::{Array, Dtype, ops};
 use serde_json::Value;
 
 use crate::error::{Error, Result, read_json};
@@ -37,9 +46,20 @@ pub struct QuantParams {
     pub group_size: u32,
     /// Bits per code.
     pub bits: u32,
+    /// How codes and scales decode (affine: with biases).
+    pub mode: QuantMode,
 }
 
 impl QuantParams {
+    /// Affine quantization with `group_size` and `bits`.
+    pub const fn affine(group_size: u32, bits: u32) -> QuantParams {
+        QuantParams {
+            group_size,
+            bits,
+            mode: QuantMode::Affine,
+        }
+    }
+
     /// Shape of the packed `uint32` weight of an `[out, input]` matrix.
     pub fn packed_shape(&self, out: usize, input: usize) -> [i32; 2] {
         [out as i32, (input * self.bits as usize / 32) as i32]
@@ -105,7 +125,10 @@ impl QuantConfig {
         let default = params(obj, None, "").map_err(bad)?;
         let mut overrides = BTreeMap::new();
         for (name, v) in obj {
-            if matches!(name.as_str(), "group_size" | "bits" | "mode") {
+            if matches!(
+                name.as_str(),
+                "group_size" | "bits" | "mode" | "global_scale"
+            ) {
                 continue;
             }
             let p = match v {
@@ -114,7 +137,8 @@ impl QuantConfig {
                 Value::Object(o) => Some(params(o, Some(default), name).map_err(bad)?),
                 other => {
                     return Err(bad(format!(
-                        "module `{name}`: expected false or {{\"group_size\", \"bits\"}}, found {other}"
+                        "module `{name}`: expected false or {{\"group_size\", \"bits\", \"mode\"}}, \
+                         found {other}"
                     )));
                 }
             };
@@ -131,16 +155,23 @@ impl QuantConfig {
         }
     }
 
-    /// The JSON block mlx-lm writes (defaults, `"mode": "affine"`, overrides).
+    /// The JSON block mlx-lm writes (defaults with their mode, overrides).
     pub fn to_json(&self) -> Value {
         let mut m = serde_json::Map::new();
         m.insert("group_size".into(), self.default.group_size.into());
         m.insert("bits".into(), self.default.bits.into());
-        m.insert("mode".into(), "affine".into());
+        m.insert("mode".into(), self.default.mode.name().into());
         for (name, p) in &self.overrides {
             let v = match p {
                 None => Value::Bool(false),
-                Some(p) => serde_json::json!({"group_size": p.group_size, "bits": p.bits}),
+                // A module without a mode is affine (see `params`), as
+                // mlx-lm's own predicates write it.
+                Some(p) if p.mode == QuantMode::Affine => {
+                    serde_json::json!({"group_size": p.group_size, "bits": p.bits})
+                }
+                Some(p) => serde_json::json!({
+                    "group_size": p.group_size, "bits": p.bits, "mode": p.mode.name()
+                }),
             };
             m.insert(name.clone(), v);
         }
@@ -148,7 +179,16 @@ impl QuantConfig {
     }
 }
 
-/// Reads `group_size` and `bits` from `o`, each defaulting to `fallback`'s.
+/// Reads `mode`, `group_size` and `bits` from `o`.
+///
+/// A missing mode is affine, at the top and per module alike: mlx-lm passes
+/// a module's dict to `to_quantized`, whose default mode is affine, and its
+/// model predicates write affine overrides without one (the MoE routers'
+/// `{"group_size": 64, "bits": 8}` inside an mxfp4 model). A missing size is
+/// `fallback`'s (a module's default) when that has the same mode, else the
+/// mode's own: the sizes a floating-point mode fixes, and for an affine
+/// module under a floating-point default mlx-lm's 64 / 4 (a top-level
+/// affine block must name both).
 fn params(
     o: &serde_json::Map<String, Value>,
     fallback: Option<QuantParams>,
@@ -159,15 +199,34 @@ fn params(
     } else {
         format!("module `{module}`: ")
     };
-    // A module packed in another mode (mxfp4 scales are uint8, with no
-    // biases) must not be read as affine.
-    if let Some(mode) = o.get("mode")
-        && mode != "affine"
+    let mode = match o.get("mode") {
+        None => QuantMode::Affine,
+        Some(v) => v.as_str().and_then(QuantMode::from_name).ok_or_else(|| {
+            let names = QuantMode::ALL.map(QuantMode::name);
+            format!(
+                "{at}mode {v} is not an MLX quantization mode ({names:?}); \
+                 re-quantize with `mtp-runner quantize` or mlx_lm.convert"
+            )
+        })?,
+    };
+    if o.get("global_scale")
+        .is_some_and(|v| v != &Value::Bool(false))
     {
         return Err(format!(
-            "{at}mode {mode} is not supported (only \"affine\"); re-quantize with `mtp-runner quantize`"
+            "{at}`global_scale` (one nvfp4 tensor scale per expert) is not supported: \
+             MLX applies it on the GPU only; convert without it (mlx_lm.convert does by default)"
         ));
     }
+    let own = |(g, b): (i32, i32)| QuantParams {
+        group_size: g as u32,
+        bits: b as u32,
+        mode,
+    };
+    let fallback = match fallback {
+        Some(p) if p.mode == mode => Some(p),
+        Some(_) => Some(own(mode.fixed().unwrap_or((64, 4)))),
+        None => mode.fixed().map(own),
+    };
     let field = |key: &str, allowed: &[u32], fb: Option<u32>| -> std::result::Result<u32, String> {
         let n = match (o.get(key), fb) {
             (Some(v), _) => v
@@ -177,59 +236,109 @@ fn params(
             (None, None) => return Err(format!("{at}`{key}` is missing")),
         };
         if !allowed.iter().any(|&a| u64::from(a) == n) {
-            return Err(format!("{at}`{key}` is {n}; MLX supports {allowed:?}"));
+            return Err(format!(
+                "{at}`{key}` is {n}; MLX's {} mode supports {allowed:?}",
+                mode.name()
+            ));
         }
         Ok(n as u32)
     };
+    let (groups, bits) = match mode.fixed() {
+        Some((g, b)) => (vec![g as u32], vec![b as u32]),
+        None => (SUPPORTED_GROUP_SIZES.to_vec(), SUPPORTED_BITS.to_vec()),
+    };
     Ok(QuantParams {
-        group_size: field(
-            "group_size",
-            &SUPPORTED_GROUP_SIZES,
-            fallback.map(|p| p.group_size),
-        )?,
-        bits: field("bits", &SUPPORTED_BITS, fallback.map(|p| p.bits))?,
+        group_size: field("group_size", &groups, fallback.map(|p| p.group_size))?,
+        bits: field("bits", &bits, fallback.map(|p| p.bits))?,
+        mode,
     })
 }
 
-/// An affine-quantized `[out, in]` matrix: packed codes, scales, biases.
+/// A quantized `[out, in]` matrix (or a stack of them): packed codes,
+/// scales and, in affine mode, biases.
 #[derive(Debug, Clone)]
 pub struct QuantizedTensor {
     /// `[out, in · bits / 32]` uint32 codes.
     pub weight: Array,
-    /// `[out, in / group_size]`, in the compute dtype.
+    /// `[out, in / group_size]`: in the compute dtype (affine) or uint8
+    /// (the floating-point modes).
     pub scales: Array,
-    /// `[out, in / group_size]`, in the compute dtype.
-    pub biases: Array,
+    /// `[out, in / group_size]` in the compute dtype; present exactly in affine mode.
+    pub biases: Option<Array>,
     /// How the codes were packed.
     pub params: QuantParams,
+    /// What dequantization gives: the compute dtype.
+    pub dtype: Dtype,
 }
 
 impl QuantizedTensor {
     /// Quantizes a dense `[out, in]` matrix (`in` must be a multiple of the group size).
     pub fn quantize(dense: &Array, params: QuantParams) -> Result<QuantizedTensor> {
         let (weight, scales, biases) =
-            dense.quantize(params.group_size as i32, params.bits as i32)?;
+            dense.quantize_mode(params.group_size as i32, params.bits as i32, params.mode)?;
         Ok(QuantizedTensor {
             weight,
             scales,
             biases,
             params,
+            dtype: dense.dtype(),
+        })
+    }
+
+    /// The same tensor with `f` applied to each stored array (a row pick, a slice).
+    pub fn map(&self, mut f: impl FnMut(&Array) -> Result<Array>) -> Result<QuantizedTensor> {
+        Ok(QuantizedTensor {
+            weight: f(&self.weight)?,
+            scales: f(&self.scales)?,
+            biases: self.biases.as_ref().map(&mut f).transpose()?,
+            params: self.params,
+            dtype: self.dtype,
+        })
+    }
+
+    /// Joins `parts` (quantized alike, at least one) array by array with
+    /// `join` (a concatenation or a stack).
+    pub fn join(
+        parts: &[QuantizedTensor],
+        join: impl Fn(&[Array]) -> mlx_tensor::Result<Array>,
+    ) -> Result<QuantizedTensor> {
+        let first = &parts[0];
+        assert!(
+            parts
+                .iter()
+                .all(|p| p.params == first.params && p.biases.is_some() == first.biases.is_some()),
+            "parts quantized differently: {:?}",
+            parts.iter().map(|p| p.params).collect::<Vec<_>>()
+        );
+        let pick = |f: fn(&QuantizedTensor) -> &Array| -> Result<Array> {
+            let v: Vec<Array> = parts.iter().map(|t| f(t).clone()).collect();
+            Ok(join(&v)?)
+        };
+        Ok(QuantizedTensor {
+            weight: pick(|t| &t.weight)?,
+            scales: pick(|t| &t.scales)?,
+            biases: match first.biases {
+                Some(_) => Some(pick(|t| t.biases.as_ref().expect("checked above"))?),
+                None => None,
+            },
+            params: first.params,
+            dtype: first.dtype,
         })
     }
 
     /// `x @ W.T` for `x` of shape `[..., in]`, without materialising `W`:
-    /// on the CPU for 4- or 8-bit codes, our few-rows kernel (see
+    /// on the CPU for 4- or 8-bit affine codes, our few-rows kernel (see
     /// [`cpu_rows_take`]; more rows than it takes, a prefill chunk, in
     /// slices of [`ops::ROWS_MATMUL_MAX_ROWS`] rows), else MLX's
-    /// `quantized_matmul`.
+    /// `quantized_matmul` (every mode, on every backend).
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
-        if let Some(rows) = cpu_rows_take(x, self) {
+        if let (Some(rows), Some(biases)) = (cpu_rows_take(x, self), &self.biases) {
             let product = |x: &Array| {
                 ops::quant_rows_matmul_t(
                     x,
                     &self.weight,
                     &self.scales,
-                    &self.biases,
+                    biases,
                     self.params.group_size as i32,
                     self.params.bits as i32,
                 )
@@ -248,46 +357,41 @@ impl QuantizedTensor {
             *shape.last_mut().expect("rank ≥ 2") = self.weight.dim(0);
             return Ok(ops::concatenate(&parts, 0)?.reshape(&shape)?);
         }
-        Ok(ops::quantized_matmul(
+        Ok(ops::quantized_matmul_mode(
             x,
             &self.weight,
             &self.scales,
-            &self.biases,
+            self.biases.as_ref(),
             true,
             self.params.group_size as i32,
             self.params.bits as i32,
+            self.params.mode,
         )?)
     }
 
     /// Rows `indices` of `W`, dequantized: an embedding lookup.
     pub fn rows(&self, indices: &Array) -> Result<Array> {
-        Ok(ops::dequantize(
-            &self.weight.take(indices, 0)?,
-            &self.scales.take(indices, 0)?,
-            &self.biases.take(indices, 0)?,
-            self.params.group_size as i32,
-            self.params.bits as i32,
-        )?)
+        self.map(|a| Ok(a.take(indices, 0)?))?.dequantize()
     }
 
-    /// The whole matrix, dequantized.
+    /// The whole matrix, dequantized into [`QuantizedTensor::dtype`].
     pub fn dequantize(&self) -> Result<Array> {
-        Ok(ops::dequantize(
+        Ok(ops::dequantize_mode(
             &self.weight,
             &self.scales,
-            &self.biases,
+            self.biases.as_ref(),
             self.params.group_size as i32,
             self.params.bits as i32,
+            self.params.mode,
+            self.dtype,
         )?)
     }
 
-    /// The three arrays (to evaluate or save).
+    /// The stored arrays (to evaluate or save).
     pub fn arrays(&self) -> Vec<Array> {
-        vec![
-            self.weight.clone(),
-            self.scales.clone(),
-            self.biases.clone(),
-        ]
+        let mut v = vec![self.weight.clone(), self.scales.clone()];
+        v.extend(self.biases.clone());
+        v
     }
 }
 
@@ -303,7 +407,7 @@ pub fn set_cpu_quant_rows(on: bool) {
 }
 
 /// The row count of `x` when `x @ q.W.T` goes to
-/// [`ops::quant_rows_matmul_t`]: on a CPU default device, 4 or 8 bits in
+/// [`ops::quant_rows_matmul_t`]: on a CPU default device, affine mode, 4 or 8 bits in
 /// groups of 32, 64 or 128, scales in `x`'s float dtype; any number of rows
 /// (a plain step, a verify, a draft step, a prefill chunk in slices).
 ///
@@ -320,18 +424,19 @@ pub fn set_cpu_quant_rows(on: bool) {
 /// f32 GEMM (`examples/gemm.rs --k 1024 --n 3072 --weights 24 --m 32`:
 /// `qrows-4` 40.8 ms, `qrows-8` 47.4, f32 `matmul` 48.6, `qmm-4` 2,108).
 fn cpu_rows_take(x: &Array, q: &QuantizedTensor) -> Option<i32> {
-    use mlx_tensor::Dtype;
     let k = x.dim(-1);
     if x.ndim() < 2 || k <= 0 || mlx_tensor::default_device() != mlx_tensor::Device::Cpu {
         return None;
     }
     let rows = i32::try_from(x.size() / k as usize).ok()?;
+    // The kernel decodes affine codes only: the floating-point modes go to MLX.
     let takes = rows >= 1
+        && q.params.mode == QuantMode::Affine
         && matches!(q.params.bits, 4 | 8)
         && matches!(q.params.group_size, 32 | 64 | 128)
         && matches!(x.dtype(), Dtype::Float32 | Dtype::Bfloat16 | Dtype::Float16)
         && q.scales.dtype() == x.dtype()
-        && q.biases.dtype() == x.dtype()
+        && q.biases.as_ref().is_some_and(|b| b.dtype() == x.dtype())
         && q.weight.ndim() == 2
         && crate::switch::get(&CPU_QROWS, "MTP_CPU_QROWS", true);
     takes.then_some(rows)

@@ -71,10 +71,7 @@ impl QuantizeOptions {
     }
 
     fn params(&self) -> QuantParams {
-        QuantParams {
-            group_size: self.group_size,
-            bits: self.bits,
-        }
+        QuantParams::affine(self.group_size, self.bits)
     }
 }
 
@@ -344,10 +341,7 @@ fn router_params(module: &str, model_type: &str) -> Option<Option<QuantParams>> 
     if !(module.ends_with("mlp.gate") || module.ends_with("shared_expert_gate")) {
         return None;
     }
-    Some((model_type != "glm4_moe").then_some(QuantParams {
-        group_size: 64,
-        bits: 8,
-    }))
+    Some((model_type != "glm4_moe").then_some(QuantParams::affine(64, 8)))
 }
 
 /// Chooses what happens to tensor `name`.
@@ -434,7 +428,11 @@ fn group_divides(name: &str, w: &Array, group: u32) -> Result<()> {
 fn pack(module: &str, w: &Array, params: QuantParams) -> Result<[(String, Array); 3]> {
     let source = w.dtype();
     let q = QuantizedTensor::quantize(&w.as_type(Dtype::Float32)?, params)?;
-    let (scales, biases) = (q.scales.as_type(source)?, q.biases.as_type(source)?);
+    let biases = q
+        .biases
+        .as_ref()
+        .expect("quantize writes affine: scales and biases");
+    let (scales, biases) = (q.scales.as_type(source)?, biases.as_type(source)?);
     // Evaluated here, one matrix at a time, so the work is spread between
     // the cancel checks instead of all happening in the save.
     mlx_tensor::eval(&[q.weight.clone(), scales.clone(), biases.clone()])?;

@@ -474,6 +474,9 @@ impl Weights {
                 }
                 if e.dtype == "U32" && name.ends_with(".weight") {
                     packed.push(name.clone());
+                } else if e.dtype == "U8" && name.ends_with(".scales") {
+                    // The scales of MLX's floating-point modes (e8m0 or e4m3),
+                    // checked against the mode by `take_quantized_stack`.
                 } else if !matches!(e.dtype.as_str(), "F32" | "F16" | "BF16" | FP8_DTYPE) {
                     return Err(Error::TensorDtype {
                         name: name.clone(),
@@ -488,10 +491,10 @@ impl Weights {
                     if TensorLayout::skips(name) || (crate::fp8::is_scale(name) && fp8.is_some()) {
                         continue;
                     }
-                    let stored = if e.dtype == "U32" {
-                        Dtype::Uint32
-                    } else {
-                        dtype
+                    let stored = match e.dtype.as_str() {
+                        "U32" => Dtype::Uint32,
+                        "U8" => Dtype::Uint8,
+                        _ => dtype,
                     };
                     let shape: Vec<i32> = e.shape.iter().map(|&d| d as i32).collect();
                     // A broadcast scalar: the shape and dtype, no buffer.
@@ -770,15 +773,46 @@ impl Weights {
         let scales = self
             .take_stored(&scales_name, &groups)?
             .ok_or_else(|| missing(&scales_name, count))?;
+        // Affine scales are floats; the floating-point modes' are uint8
+        // (e8m0 or e4m3): a mismatch means the config names the wrong mode.
+        let mode = params.mode;
+        if (scales.dtype() == Dtype::Uint8) == mode.has_biases()
+            || !matches!(
+                scales.dtype(),
+                Dtype::Uint8 | Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16
+            )
+        {
+            return Err(Error::TensorDtype {
+                name: scales_name,
+                dtype: format!(
+                    "{} (mode \"{}\" stores {} scales; check the config's quantization mode)",
+                    scales.dtype().safetensors_name(),
+                    mode.name(),
+                    if mode.has_biases() { "float" } else { "U8" },
+                ),
+            });
+        }
         let biases_name = format!("{module}.biases");
-        let biases = self
-            .take_stored(&biases_name, &groups)?
-            .ok_or_else(|| missing(&biases_name, count))?;
+        let biases = if mode.has_biases() {
+            Some(
+                self.take_stored(&biases_name, &groups)?
+                    .ok_or_else(|| missing(&biases_name, count))?,
+            )
+        } else if self.tensors.contains_key(&biases_name) {
+            return Err(bad(format!(
+                "module `{module}` is {} (no biases) but the checkpoint has `{biases_name}`; \
+                 the module's mode is probably affine",
+                mode.name()
+            )));
+        } else {
+            None
+        };
         Ok(Some(QuantizedTensor {
             weight,
             scales,
             biases,
             params,
+            dtype: self.dtype,
         }))
     }
 

@@ -120,33 +120,53 @@ fn gather_mm_lhs_indices_pick_rows() {
 }
 
 /// Quantized experts: both ways equal the loop over the dequantized weights
-/// (same codes, so only summation order differs: 1e-4 absolute), for 4 and 8 bits.
+/// (same codes, so only summation order differs: 1e-4 absolute), for 4- and
+/// 8-bit affine codes and each floating-point mode (no biases).
 #[test]
 fn gather_qmm_equals_per_expert_loop_over_dequantized() {
-    for bits in [4, 8] {
+    use ops::QuantMode;
+    let modes = [
+        (QuantMode::Affine, 32, 4),
+        (QuantMode::Affine, 32, 8),
+        (QuantMode::Mxfp4, 32, 4),
+        (QuantMode::Mxfp8, 32, 8),
+        (QuantMode::Nvfp4, 16, 4),
+    ];
+    for (mode, group, bits) in modes {
         for (rows, top) in [(1, 2), (6, 3)] {
             let xs = host_noise(5, rows * K);
             let dense = arr(&host_noise(6, E * N * K), &[E as i32, N as i32, K as i32]);
-            let (wq, scales, biases) = dense.quantize(32, bits).unwrap();
+            let (wq, scales, biases) = dense.quantize_mode(group, bits, mode).unwrap();
+            assert_eq!(biases.is_some(), mode.has_biases(), "{mode:?}");
             assert_eq!(
                 wq.shape().as_slice(),
                 &[E as i32, N as i32, (K as i32) * bits / 32]
             );
-            let deq = ops::dequantize(&wq, &scales, &biases, 32, bits).unwrap();
+            let deq = ops::dequantize_mode(
+                &wq,
+                &scales,
+                biases.as_ref(),
+                group,
+                bits,
+                mode,
+                mlx_tensor::Dtype::Float32,
+            )
+            .unwrap();
             let idx = choices(rows, top);
             let want = naive(&xs, &deq.to_vec::<f32>().unwrap(), &idx, rows, top);
             let x = arr(&xs, &[rows as i32, K as i32]);
             let stack = ops::QuantizedStack {
                 w: &wq,
                 scales: &scales,
-                biases: &biases,
-                group_size: 32,
+                biases: biases.as_ref(),
+                group_size: group,
                 bits,
+                mode,
             };
             let (plain, sorted) = both_ways(&x, &idx, rows, top, |a, i, s| {
                 ops::gather_qmm(a, stack, None, Some(i), true, s)
             });
-            let case = format!("{bits} bits, {rows} rows, top {top}");
+            let case = format!("{mode:?} {bits} bits, {rows} rows, top {top}");
             assert_close(&format!("{case} broadcast"), &plain, &want, 1e-4);
             assert_close(&format!("{case} sorted"), &sorted, &want, 1e-4);
         }

@@ -348,12 +348,7 @@ impl Rows {
     fn map(&self, f: impl Fn(&Array) -> Result<Array>) -> Result<Rows> {
         Ok(match self {
             Rows::Dense(w) => Rows::Dense(f(w)?),
-            Rows::Quantized(q) => Rows::Quantized(QuantizedTensor {
-                weight: f(&q.weight)?,
-                scales: f(&q.scales)?,
-                biases: f(&q.biases)?,
-                params: q.params,
-            }),
+            Rows::Quantized(q) => Rows::Quantized(q.map(f)?),
         })
     }
 
@@ -392,19 +387,15 @@ impl Rows {
                 Rows::Dense(w) => w.clone(),
                 Rows::Quantized(_) => unreachable!("parts of one weight"),
             })?),
-            Rows::Quantized(q) => {
-                let field = |i: usize| {
-                    pick(&|p| match p {
-                        Rows::Quantized(q) => [&q.weight, &q.scales, &q.biases][i].clone(),
+            Rows::Quantized(_) => {
+                let q: Vec<QuantizedTensor> = parts
+                    .iter()
+                    .map(|p| match p {
+                        Rows::Quantized(q) => q.clone(),
                         Rows::Dense(_) => unreachable!("parts of one weight"),
                     })
-                };
-                Rows::Quantized(QuantizedTensor {
-                    weight: field(0)?,
-                    scales: field(1)?,
-                    biases: field(2)?,
-                    params: q.params,
-                })
+                    .collect();
+                Rows::Quantized(QuantizedTensor::join(&q, |v| ops::concatenate(v, 0))?)
             }
         })
     }

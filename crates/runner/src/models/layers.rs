@@ -190,15 +190,7 @@ impl Linear {
                 };
                 Linear::from_weight(&weight, bias, LinearLayout::TransposedView)?
             }
-            Kernel::Quantized(q) => Linear::from_quantized(
-                QuantizedTensor {
-                    weight: q.weight.take(ids, 0)?,
-                    scales: q.scales.take(ids, 0)?,
-                    biases: q.biases.take(ids, 0)?,
-                    params: q.params,
-                },
-                bias,
-            ),
+            Kernel::Quantized(q) => Linear::from_quantized(q.map(|a| Ok(a.take(ids, 0)?))?, bias),
         })
     }
 
@@ -256,16 +248,8 @@ impl Linear {
         {
             return Ok(None);
         }
-        let cat = |f: fn(&QuantizedTensor) -> &Array| -> Result<Array> {
-            let v: Vec<Array> = q.iter().map(|t| f(t).clone()).collect();
-            Ok(mlx_tensor::ops::concatenate(&v, 0)?)
-        };
-        let joint = QuantizedTensor {
-            weight: cat(|t| &t.weight)?,
-            scales: cat(|t| &t.scales)?,
-            biases: cat(|t| &t.biases)?,
-            params,
-        };
+        let parts: Vec<QuantizedTensor> = q.iter().map(|t| (*t).clone()).collect();
+        let joint = QuantizedTensor::join(&parts, |v| mlx_tensor::ops::concatenate(v, 0))?;
         Ok(Some(Linear::from_quantized(joint, bias)))
     }
 
@@ -806,10 +790,7 @@ mod tests {
                 })
                 .collect()
         };
-        let params = QuantParams {
-            group_size: 32,
-            bits: 4,
-        };
+        let params = QuantParams::affine(32, 4);
         let quantized: Vec<Linear> = widths
             .iter()
             .enumerate()
@@ -875,10 +856,7 @@ mod tests {
         let x = rand(&[1, 3, 128], 62);
         let ids_v: Vec<u32> = vec![95, 0, 7, 40, 41];
         let ids = Array::from_slice(&ids_v, &[5]).unwrap();
-        let p = QuantParams {
-            group_size: 64,
-            bits: 8,
-        };
+        let p = QuantParams::affine(64, 8);
         let dense = |layout| Linear::from_weight(&w, Some(bias.clone()), layout).unwrap();
         for full in [
             dense(LinearLayout::TransposedView),
@@ -906,10 +884,7 @@ mod tests {
     fn a_quantized_product_of_many_rows_runs_in_slices_of_the_rows_kernel() {
         let w = rand(&[96, 128], 60);
         let dense = Linear::from_weight(&w, None, LinearLayout::TransposedView).unwrap();
-        let p = QuantParams {
-            group_size: 64,
-            bits: 4,
-        };
+        let p = QuantParams::affine(64, 4);
         let q = dense
             .quantized_copy(p)
             .unwrap()
@@ -949,10 +924,7 @@ mod tests {
             let dense = Linear::from_weight(&w, Some(bias.clone()), layout).unwrap();
             let want = dense.forward(&x).unwrap();
             for (bits, lo, hi) in [(8, 1e-4, 0.01), (4, 1e-2, 0.25)] {
-                let p = QuantParams {
-                    group_size: 64,
-                    bits,
-                };
+                let p = QuantParams::affine(64, bits);
                 let q = dense
                     .quantized_copy(p)
                     .unwrap()
@@ -967,10 +939,7 @@ mod tests {
                 assert!(q.quantized_copy(p).unwrap().is_none(), "already quantized");
             }
         }
-        let p = QuantParams {
-            group_size: 64,
-            bits: 4,
-        };
+        let p = QuantParams::affine(64, 4);
         let narrow =
             Linear::from_weight(&rand(&[32, 96], 53), None, LinearLayout::DEFAULT).unwrap();
         assert!(narrow.quantized_copy(p).unwrap().is_none(), "96 inputs");

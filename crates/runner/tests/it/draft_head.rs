@@ -269,10 +269,7 @@ fn sampled_speculation_with_a_q4_subset_head_keeps_the_target_distribution() {
 #[test]
 fn a_model_without_a_head_loads_with_q4_and_decodes_as_before() {
     let p = DraftHeadSetup {
-        quant: Some(QuantParams {
-            group_size: 64,
-            bits: 4,
-        }),
+        quant: Some(QuantParams::affine(64, 4)),
         vocab: Some(vec![0, 1, 2]),
     };
     let mut q = load("tiny-draft", DraftQuant::Bits(4));

@@ -6,6 +6,7 @@ use crate::common::Generate;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use mlx_tensor::ops::QuantMode;
 use mlx_tensor::{Array, Dtype, ops};
 use runner::SamplingOptions as Options;
 use runner::testing::{Arch, Fixture};
@@ -151,7 +152,7 @@ fn quantized_matmul_equals_dense_math_on_dequantized_weights() {
     ] {
         let src = common::write(&Fixture::new(arch), 5);
         let q = quantize(src.path(), opts(bits, group_size));
-        let dense = dequantized_copy(q.path(), QuantParams { group_size, bits });
+        let dense = dequantized_copy(q.path(), QuantParams::affine(group_size, bits));
         let ids = tokens(9);
         let a = logits(common::load(q.path()).model.as_ref(), &ids);
         let b = logits(common::load(dense.path()).model.as_ref(), &ids);
@@ -406,7 +407,7 @@ fn quantization_blocks_parse_as_mlx_lm_writes_them() {
             (g, e) => panic!("{config}: got {g:?}, expected {e:?}"),
         }
     }
-    let p = |group_size, bits| QuantParams { group_size, bits };
+    let p = |group_size, bits| QuantParams::affine(group_size, bits);
     let cfg = |default, overrides: &[(&str, Option<QuantParams>)]| {
         Ok(Some(QuantConfig {
             default,
@@ -457,20 +458,86 @@ fn quantization_blocks_parse_as_mlx_lm_writes_them() {
         Err("positive integer"),
     );
     check(json!({"quantization": 4}), Err("must be an object"));
+    // MLX's floating-point modes: each fixes its group size and bits.
+    let fp = |mode, group_size, bits| QuantParams {
+        group_size,
+        bits,
+        mode,
+    };
+    let (mxfp4, mxfp8, nvfp4) = (
+        fp(QuantMode::Mxfp4, 32, 4),
+        fp(QuantMode::Mxfp8, 32, 8),
+        fp(QuantMode::Nvfp4, 16, 4),
+    );
     check(
         json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}}),
-        Err("mxfp4"),
+        cfg(mxfp4, &[]),
+    );
+    check(
+        json!({"quantization_config": {"group_size": 32, "bits": 8, "mode": "mxfp8"}}),
+        cfg(mxfp8, &[]),
+    );
+    check(json!({"quantization": {"mode": "nvfp4"}}), cfg(nvfp4, &[]));
+    check(
+        json!({"quantization": {"group_size": 64, "bits": 4, "mode": "mxfp4"}}),
+        Err("`group_size` is 64; MLX's mxfp4 mode supports [32]"),
+    );
+    check(
+        json!({"quantization": {"group_size": 16, "bits": 8, "mode": "nvfp4"}}),
+        Err("`bits` is 8; MLX's nvfp4 mode supports [4]"),
+    );
+    check(
+        json!({"quantization": {"group_size": 32, "bits": 4, "mode": "int4"}}),
+        Err("mode \"int4\" is not an MLX quantization mode"),
+    );
+    // Per-module modes. A module without one is affine, as mlx-lm's
+    // `to_quantized` reads it: its MoE predicate writes the routers as
+    // `{"group_size": 64, "bits": 8}` inside an mxfp4 model. A module in
+    // another mode than the default takes that mode's sizes where it names none.
+    check(
+        json!({"quantization": {"group_size": 64, "bits": 4,
+            "lm_head": {"group_size": 32, "bits": 8, "mode": "mxfp8"},
+            "model.embed_tokens": {"mode": "nvfp4"}}}),
+        cfg(
+            p(64, 4),
+            &[
+                ("lm_head", Some(mxfp8)),
+                ("model.embed_tokens", Some(nvfp4)),
+            ],
+        ),
+    );
+    check(
+        json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4",
+            "model.layers.1.mlp.gate": {"group_size": 64, "bits": 8},
+            "lm_head": {"bits": 8}}}),
+        cfg(
+            mxfp4,
+            &[
+                ("model.layers.1.mlp.gate", Some(p(64, 8))),
+                ("lm_head", Some(p(64, 8))),
+            ],
+        ),
+    );
+    check(
+        json!({"quantization": {"group_size": 16, "bits": 4, "mode": "nvfp4",
+            "lm_head": {"group_size": 32, "mode": "nvfp4"}, "mtp.fc": false}}),
+        Err("module `lm_head`: `group_size` is 32; MLX's nvfp4 mode supports [16]"),
+    );
+    check(
+        json!({"quantization": {"group_size": 16, "bits": 4, "mode": "nvfp4",
+            "lm_head": {"group_size": 64, "bits": 8, "mode": "affine"}, "mtp.fc": false}}),
+        cfg(nvfp4, &[("lm_head", Some(p(64, 8))), ("mtp.fc", None)]),
+    );
+    // An nvfp4 expert stack with a per-expert tensor scale: MLX has it on the GPU only.
+    check(
+        json!({"quantization": {"group_size": 16, "bits": 4, "mode": "nvfp4",
+            "model.layers.0.mlp.switch_mlp.up_proj":
+                {"group_size": 16, "bits": 4, "mode": "nvfp4", "global_scale": true}}}),
+        Err("module `model.layers.0.mlp.switch_mlp.up_proj`: `global_scale`"),
     );
     check(
         json!({"quantization_config": {"quant_method": "gptq", "bits": 4}}),
         Err("gptq"),
-    );
-    // A module packed in another mode (uint8 scales, no biases) is refused
-    // by name, not read as affine; an explicit affine one is fine.
-    check(
-        json!({"quantization": {"group_size": 64, "bits": 4,
-            "lm_head": {"group_size": 32, "bits": 8, "mode": "mxfp8"}}}),
-        Err("module `lm_head`: mode \"mxfp8\" is not supported"),
     );
     check(
         json!({"quantization": {"group_size": 64, "bits": 4,
@@ -488,58 +555,122 @@ fn quantization_blocks_parse_as_mlx_lm_writes_them() {
 }
 
 /// Layers built directly: a quantized `Linear` and `Embedding` read the packed
-/// triple and agree with dense math on the dequantized matrix (f32; 1e-5 absolute
-/// for outputs of order 1).
+/// tensors of every MLX mode (affine with biases; mxfp4, mxfp8 and nvfp4 with
+/// uint8 scales and none) and agree with dense math on the dequantized matrix
+/// (f32; 1e-4 absolute for outputs of order 1; embedding rows exactly), for 3
+/// rows and for a 40-row prefill (the CPU's sliced affine kernel).
 #[test]
 fn quantized_layers_match_dense_layers_on_the_dequantized_matrix() {
     use runner::LinearLayout;
     use runner::testing::{Embedding, Linear, QuantizedTensor, Weights};
     let key = mlx_tensor::random::key(9).unwrap();
     let dense = mlx_tensor::random::normal(&[48, 64], Dtype::Float32, &key).unwrap();
-    let params = p64();
-    fn p64() -> QuantParams {
-        QuantParams {
-            group_size: 64,
-            bits: 4,
-        }
-    }
-    let q = QuantizedTensor::quantize(&dense, params).unwrap();
-    let deq = q.dequantize().unwrap();
-    let mut map = std::collections::HashMap::new();
-    for (suffix, a) in [
-        ("weight", &q.weight),
-        ("scales", &q.scales),
-        ("biases", &q.biases),
+    for params in [
+        QuantParams::affine(64, 4),
+        QuantParams::affine(32, 8),
+        fp_params(QuantMode::Mxfp4),
+        fp_params(QuantMode::Mxfp8),
+        fp_params(QuantMode::Nvfp4),
     ] {
-        map.insert(format!("mtp.fc.{suffix}"), a.clone());
-        map.insert(format!("emb.{suffix}"), a.clone());
+        let case = format!("{params:?}");
+        let q = QuantizedTensor::quantize(&dense, params).unwrap();
+        assert_eq!(
+            q.biases.is_some(),
+            params.mode == QuantMode::Affine,
+            "{case}"
+        );
+        let deq = q.dequantize().unwrap();
+        assert_eq!(deq.dtype(), Dtype::Float32, "{case}");
+        let mut map = std::collections::HashMap::new();
+        let stored = [("weight", Some(&q.weight)), ("scales", Some(&q.scales))];
+        for (suffix, a) in stored.into_iter().chain([("biases", q.biases.as_ref())]) {
+            if let Some(a) = a {
+                map.insert(format!("mtp.fc.{suffix}"), a.clone());
+                map.insert(format!("emb.{suffix}"), a.clone());
+            }
+        }
+        let quant = QuantConfig {
+            default: params,
+            overrides: BTreeMap::new(),
+        };
+        let mut w = Weights::from_map(map, Dtype::Float32).with_quantization(Some(quant));
+        let lin = Linear::load(&mut w, "mtp.fc", 64, 48, false, LinearLayout::DEFAULT).unwrap();
+        let emb = Embedding::load(&mut w, "emb", 48, 64).unwrap();
+        assert!(lin.is_quantized() && emb.is_quantized(), "{case}");
+        assert!(w.remaining().is_empty(), "{case}: {:?}", w.remaining());
+        for rows in [3, 40] {
+            let x = mlx_tensor::random::normal(&[rows, 64], Dtype::Float32, &key).unwrap();
+            let want = Linear::from_weight(&deq, None, LinearLayout::DEFAULT)
+                .unwrap()
+                .forward(&x)
+                .unwrap();
+            let got = lin.forward(&x).unwrap();
+            let d = common::max_abs_diff(
+                &got.to_vec::<f32>().unwrap(),
+                &want.to_vec::<f32>().unwrap(),
+            );
+            assert!(d < 1e-4, "{case}, {rows} rows: linear {d}");
+        }
+        let ids = Array::from_slice(&[0u32, 47, 5], &[3]).unwrap();
+        let got = emb.forward(&ids).unwrap().to_vec::<f32>().unwrap();
+        let want = deq.take(&ids, 0).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(got, want, "{case}: embedding rows are the dequantized rows");
+        let tied = emb.as_linear(LinearLayout::DEFAULT).unwrap();
+        assert!(tied.is_quantized(), "{case}: the tied head stays quantized");
     }
-    let quant = QuantConfig {
-        default: params,
-        overrides: BTreeMap::new(),
-    };
-    let mut w = Weights::from_map(map, Dtype::Float32).with_quantization(Some(quant));
-    let lin = Linear::load(&mut w, "mtp.fc", 64, 48, false, LinearLayout::DEFAULT).unwrap();
-    let emb = Embedding::load(&mut w, "emb", 48, 64).unwrap();
-    assert!(lin.is_quantized() && emb.is_quantized());
-    assert!(w.remaining().is_empty(), "{:?}", w.remaining());
-    let x = mlx_tensor::random::normal(&[3, 64], Dtype::Float32, &key).unwrap();
-    let want = Linear::from_weight(&deq, None, LinearLayout::DEFAULT)
+}
+
+/// The group size and bits MLX's floating-point `mode` fixes.
+fn fp_params(mode: QuantMode) -> QuantParams {
+    let (group_size, bits) = mode.fixed().unwrap();
+    QuantParams {
+        group_size: group_size as u32,
+        bits: bits as u32,
+        mode,
+    }
+}
+
+/// An mlx-lm mxfp4 checkpoint (uint8 scales, no biases) whose config names
+/// the wrong mode is refused naming the tensor and the mode, not read as
+/// garbage: as affine (the scales' dtype), and a stray `.biases` in fp mode.
+#[test]
+fn a_floating_point_checkpoint_with_the_wrong_mode_is_refused() {
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/formats/qwen3-mlx-mxfp4");
+    let q = crate::formats::prepared(&fixture);
+    let good = read_config(q.path());
+    let mut affine = good.clone();
+    affine["quantization"] = json!({"group_size": 32, "bits": 4, "mode": "affine"});
+    affine["quantization_config"] = affine["quantization"].clone();
+    std::fs::write(q.path().join("config.json"), affine.to_string()).unwrap();
+    let e = runner::load(q.path(), runner::LoadOptions::default(), |_, _| {})
+        .err()
         .unwrap()
-        .forward(&x)
-        .unwrap();
-    let got = lin.forward(&x).unwrap();
-    let d = common::max_abs_diff(
-        &got.to_vec::<f32>().unwrap(),
-        &want.to_vec::<f32>().unwrap(),
+        .to_string();
+    assert!(
+        e.contains(".scales") && e.contains("mode \"affine\" stores float scales"),
+        "{e}"
     );
-    assert!(d < 1e-4, "linear: {d}");
-    let ids = Array::from_slice(&[0u32, 47, 5], &[3]).unwrap();
-    let got = emb.forward(&ids).unwrap().to_vec::<f32>().unwrap();
-    let want = deq.take(&ids, 0).unwrap().to_vec::<f32>().unwrap();
-    assert_eq!(got, want, "embedding rows are the dequantized rows");
-    let tied = emb.as_linear(LinearLayout::DEFAULT).unwrap();
-    assert!(tied.is_quantized(), "the tied head stays quantized");
+    std::fs::write(q.path().join("config.json"), good.to_string()).unwrap();
+    let module = "model.layers.0.mlp.up_proj";
+    let mut t = tensors(q.path());
+    let scales = t[&format!("{module}.scales")]
+        .as_type(Dtype::Float32)
+        .unwrap();
+    t.insert(format!("{module}.biases"), scales);
+    mlx_tensor::io::save_safetensors(
+        &q.path().join("model.safetensors"),
+        t.iter().map(|(n, a)| (n.as_str(), a)),
+    )
+    .unwrap();
+    let e = runner::load(q.path(), runner::LoadOptions::default(), |_, _| {})
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains(&format!("`{module}.biases`")) && e.contains("mxfp4"),
+        "{e}"
+    );
 }
 
 /// Speculative greedy (MTP head, depth 3) over two prompts, 48 tokens each:

@@ -51,9 +51,10 @@ impl Stack {
                 ops::QuantizedStack {
                     w: &q.weight,
                     scales: &q.scales,
-                    biases: &q.biases,
+                    biases: q.biases.as_ref(),
                     group_size: q.params.group_size as i32,
                     bits: q.params.bits as i32,
+                    mode: q.params.mode,
                 },
                 None,
                 Some(experts),
@@ -237,16 +238,7 @@ fn per_expert(mlp: &mut Vars<'_>, name: &str, e: usize, out: usize, input: usize
                 ),
             });
         }
-        let part = |f: fn(&QuantizedTensor) -> &Array| -> Result<Array> {
-            let parts: Vec<Array> = quantized.iter().map(|q| f(q).clone()).collect();
-            Ok(ops::stack(&parts, 0)?)
-        };
-        let q = QuantizedTensor {
-            weight: part(|q| &q.weight)?,
-            scales: part(|q| &q.scales)?,
-            biases: part(|q| &q.biases)?,
-            params,
-        };
+        let q = QuantizedTensor::join(&quantized, |v| ops::stack(v, 0))?;
         drop(quantized);
         evaluated(experts.is_dry(), &q.arrays())?;
         return Ok(Stack::Quantized(q));

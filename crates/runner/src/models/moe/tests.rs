@@ -126,10 +126,7 @@ fn tensors(d: &Dense, layout: Layout) -> HashMap<String, Array> {
 fn load(d: &Dense, layout: Layout, c: &MoeConfig) -> MoeBlock {
     let mut w = Weights::from_map(tensors(d, layout), Dtype::Float32).with_quantization(Some(
         QuantConfig {
-            default: QuantParams {
-                group_size: 32,
-                bits: 4,
-            },
+            default: QuantParams::affine(32, 4),
             overrides: BTreeMap::new(),
         },
     ));
