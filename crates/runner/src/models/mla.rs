@@ -34,6 +34,21 @@ use crate::weights::Vars;
 /// both with its RMSNorm's default, not `rms_norm_eps` (and mlx-lm agrees).
 const LATENT_NORM_EPS: f32 = 1e-6;
 
+/// Whether an absorbed attention of `rows` query rows runs row by row: on
+/// the CPU, where the rest of a verify (our rows kernels, up to
+/// [`mlx_tensor::ops::ROWS_MATMUL_MAX_ROWS`] rows) equals single steps bit
+/// for bit and greedy speculation promises plain decoding's tokens exactly,
+/// for the few rows of a verify under a causal (or no) mask. A GPU keeps
+/// the batched products: its verifies equal steps within rounding, as the
+/// other attention paths there do, and a row per launch would cost a verify
+/// its speed.
+fn rowwise(rows: i32, masked: bool) -> bool {
+    rows > 1
+        && rows <= mlx_tensor::ops::ROWS_MATMUL_MAX_ROWS
+        && !masked
+        && mlx_tensor::default_device() == mlx_tensor::Device::Cpu
+}
+
 /// The MLA sizes of a config.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct MlaConfig {
@@ -284,6 +299,7 @@ impl MlaAttention {
             .reshape(&[1, 1, l, rot])?;
         let k_pe = rope.forward(&k_pe, offset)?;
         let mask = cache.make_mask(l as usize)?;
+        let masked = matches!(mask, AttentionMask::Array(_));
         let (latent, k_pe) = cache.update_and_fetch(&latent, &k_pe)?;
         let bias = match mask {
             AttentionMask::None => None,
@@ -298,7 +314,34 @@ impl MlaAttention {
             }
         };
         let absorbed = self.absorbs(l as usize);
-        let o = self.attend((&q_nope, &q_pe), (&latent, &k_pe), bias.as_ref(), absorbed)?;
+        let o = if absorbed && rowwise(l, masked) {
+            // Each row as the one-row step at its position computes it: over
+            // its own causal keys, unmasked. Batched, BLAS sums a product of
+            // more rows (and the softmax a longer masked row) in another
+            // order, and a verify would part from plain decoding at a
+            // near-tie (`moe_families::mla_verify_rows_equal_single_steps_bit_for_bit`).
+            let s = latent.dim(2);
+            let rows = (0..l)
+                .map(|i| {
+                    let keys = s - l + i + 1;
+                    self.attend(
+                        (
+                            &q_nope.slice_axis(2, i, i + 1)?,
+                            &q_pe.slice_axis(2, i, i + 1)?,
+                        ),
+                        (
+                            &latent.slice_axis(2, 0, keys)?,
+                            &k_pe.slice_axis(2, 0, keys)?,
+                        ),
+                        None,
+                        true,
+                    )
+                })
+                .collect::<Result<Vec<_>>>()?;
+            ops::concatenate(&rows, 2)?
+        } else {
+            self.attend((&q_nope, &q_pe), (&latent, &k_pe), bias.as_ref(), absorbed)?
+        };
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[1, l, heads * vd])?;
         self.o.forward(&o)
     }

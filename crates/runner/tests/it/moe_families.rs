@@ -369,3 +369,50 @@ fn draft_model_speculation_keeps_part_of_a_round_and_equals_plain() {
         }
     }
 }
+
+/// A verify's rows must be what single steps compute, bit for bit, or greedy
+/// speculation parts from plain decoding at a near-tie: the MLA attention of
+/// `k + 1` rows (2 to 17, every verify the CLI allows, at prompt lengths on
+/// both sides of a cache growth step) equals `k + 1` one-row steps in f32,
+/// on both MLA families.
+#[test]
+fn mla_verify_rows_equal_single_steps_bit_for_bit() {
+    for family in ["deepseek_v3", "glm4_moe_lite"] {
+        let dir = fixture(&format!("{family}-hf-f32"));
+        let m = runner::load(dir.path(), runner::LoadOptions::default(), |_, _| {}).unwrap();
+        let model = m.model.as_ref();
+        for (prefix_len, rows) in [(9usize, 2usize), (30, 5), (250, 9), (260, 17)] {
+            let ids: Vec<u32> = (0..prefix_len + rows)
+                .map(|i| 3 + (i as u32 * 53 + 7) % 250)
+                .collect();
+            let prefill = |caches: &mut Vec<Box<dyn Cache>>| {
+                let p = Array::from_slice(&ids[..prefix_len], &[prefix_len as i32]).unwrap();
+                model.forward(&p, caches).unwrap().eval().unwrap();
+            };
+            let mut a = model.new_caches();
+            prefill(&mut a);
+            let chunk = Array::from_slice(&ids[prefix_len..], &[rows as i32]).unwrap();
+            let together: Vec<f32> = model.forward(&chunk, &mut a).unwrap().to_vec().unwrap();
+            let mut b = model.new_caches();
+            prefill(&mut b);
+            let mut alone = Vec::new();
+            for &id in &ids[prefix_len..] {
+                let one = Array::from_slice(&[id], &[1]).unwrap();
+                alone.extend(
+                    model
+                        .forward(&one, &mut b)
+                        .unwrap()
+                        .to_vec::<f32>()
+                        .unwrap(),
+                );
+            }
+            let differing = together.iter().zip(&alone).filter(|(x, y)| x != y).count();
+            assert_eq!(
+                differing,
+                0,
+                "{family}: {rows} rows after {prefix_len}: {differing} of {} hidden values differ from single steps",
+                alone.len()
+            );
+        }
+    }
+}
