@@ -319,7 +319,7 @@ impl MlaAttention {
             // its own causal keys, unmasked. Batched, BLAS sums a product of
             // more rows (and the softmax a longer masked row) in another
             // order, and a verify would part from plain decoding at a
-            // near-tie (`moe_families::mla_verify_rows_equal_single_steps_bit_for_bit`).
+            // near-tie (`moe_families::verify_rows_equal_single_steps_bit_for_bit`).
             let s = latent.dim(2);
             let rows = (0..l)
                 .map(|i| {

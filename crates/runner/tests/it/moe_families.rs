@@ -371,14 +371,23 @@ fn draft_model_speculation_keeps_part_of_a_round_and_equals_plain() {
 }
 
 /// A verify's rows must be what single steps compute, bit for bit, or greedy
-/// speculation parts from plain decoding at a near-tie: the MLA attention of
-/// `k + 1` rows (2 to 17, every verify the CLI allows, at prompt lengths on
-/// both sides of a cache growth step) equals `k + 1` one-row steps in f32,
-/// on both MLA families.
+/// speculation parts from plain decoding at a near-tie: the forward of `k + 1`
+/// rows (2 to 17, every verify the CLI allows, at prompt lengths on both
+/// sides of a cache growth step) equals `k + 1` one-row steps in f32, for the
+/// paths that do not go through the rows kernels: MLA attention (both
+/// families) and MLX's floating-point quantized products (mxfp4, mxfp8,
+/// nvfp4; dense and experts).
 #[test]
-fn mla_verify_rows_equal_single_steps_bit_for_bit() {
-    for family in ["deepseek_v3", "glm4_moe_lite"] {
-        let dir = fixture(&format!("{family}-hf-f32"));
+fn verify_rows_equal_single_steps_bit_for_bit() {
+    for family in [
+        "deepseek_v3-hf-f32",
+        "glm4_moe_lite-hf-f32",
+        "qwen3-mlx-mxfp4",
+        "qwen3-mlx-mxfp8",
+        "qwen3-mlx-nvfp4",
+        "qwen3_moe-mlx-mxfp4",
+    ] {
+        let dir = fixture(family);
         let m = runner::load(dir.path(), runner::LoadOptions::default(), |_, _| {}).unwrap();
         let model = m.model.as_ref();
         for (prefix_len, rows) in [(9usize, 2usize), (30, 5), (250, 9), (260, 17)] {
