@@ -163,6 +163,30 @@ impl<'d, H: DraftHead> DraftSession<'d, H> {
         self.flush()
     }
 
+    /// Writes the buffered pairs now if they fill one flush span at the
+    /// committed offset ([`DraftHead::flush_span`], at most
+    /// [`PENDING_FLUSH_PAIRS`]): a single head forward, handed to MLX
+    /// without waiting. A decode loop that commits one token at a time (a
+    /// plain stretch of a speculative session) calls it after each token, so
+    /// the stretch's pairs reach the draft caches in forwards that queue
+    /// between the target's steps, and drafting resumes after at most one
+    /// span's catch-up instead of a flush of the whole stretch, whose spans
+    /// each wait for the device (see [`DraftSession::flush`]). A no-op for a
+    /// cacheless head.
+    pub fn flush_ready(&mut self) -> Result<()> {
+        if !self.cached {
+            return Ok(());
+        }
+        let span = self
+            .head
+            .flush_span(self.committed_offset)
+            .clamp(1, PENDING_FLUSH_PAIRS);
+        if self.pending.count() >= span {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
     /// Drops the speculative entries past the committed offset, then writes
     /// the buffered pairs to the draft caches in head forwards of at most
     /// [`DraftHead::flush_span`] pairs each. Afterwards the caches sit

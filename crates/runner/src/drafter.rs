@@ -244,6 +244,18 @@ impl DraftRun<'_, '_> {
         Ok(())
     }
 
+    /// Between the single tokens of a plain stretch: writes what the MTP
+    /// head has buffered once it fills a flush span (see
+    /// [`DraftSession::flush_ready`](mtp_draft::DraftSession::flush_ready)),
+    /// so drafting resumes without a long catch-up. Other drafters keep
+    /// their pending tokens until they propose.
+    pub(crate) fn keep_up(&mut self) -> Result<()> {
+        if let DraftRun::Mtp(d) = self {
+            d.flush_ready()?;
+        }
+        Ok(())
+    }
+
     /// Up to `max_tokens` drafts after `current` (emitted, not yet forwarded
     /// by the target; `current_arr` is the same token as a `[1]` array),
     /// where `context` is the target's committed tokens. `None`: decode this

@@ -20,6 +20,9 @@ enum Op {
     },
     /// An explicit flush.
     Flush,
+    /// A plain step that then writes the buffered pairs once they fill a
+    /// flush span (`DraftSession::flush_ready`).
+    PlainKeptUp,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -28,6 +31,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0usize..5, 0usize..5, 0u32..32)
             .prop_map(|(k, accepted, next)| Op::Round { k, accepted, next }),
         1 => Just(Op::Flush),
+        2 => Just(Op::PlainKeptUp),
     ]
 }
 
@@ -40,10 +44,12 @@ proptest! {
         ops in prop::collection::vec(op(), 0..40),
         end_on_eos in any::<bool>(),
         draft_shift in 0u32..3,
+        span in 1usize..6,
     ) {
         // The draft model agrees with the target only where draft_shift is 0.
         let overrides: Vec<(u32, u32)> = (0..32).map(|t| (t, (t + 1 + draft_shift) % 32)).collect();
-        let (head, log) = FakeHead::cached(Model::with(&overrides));
+        let (mut head, log) = FakeHead::cached(Model::with(&overrides));
+        head.flush_span = span;
         let mut drafter = Drafter::new(head);
         let mut sim = Sim::new(Model::default());
         let mut s = drafter.open();
@@ -55,6 +61,11 @@ proptest! {
                     if sim.forced_round(&mut s, k, accepted, false, next).is_none() {
                         sim.plain(&mut s);
                     }
+                }
+                Op::PlainKeptUp => {
+                    sim.plain(&mut s);
+                    s.flush_ready().expect("flush_ready");
+                    prop_assert!(s.pending() < span, "{} pairs left buffered", s.pending());
                 }
                 Op::Flush => {
                     s.flush().expect("flush");

@@ -123,6 +123,54 @@ fn a_flush_longer_than_the_heads_span_runs_as_consecutive_forwards() {
     }
 }
 
+/// A plain stretch that calls `flush_ready` after each token writes its
+/// pairs one span at a time as they fill, never more at once, and leaves at
+/// most one span short for the catch-up when drafting resumes: the drafts
+/// and the cache contents are those of a stretch flushed at the end.
+#[test]
+fn a_plain_stretch_kept_up_flushes_one_span_at_a_time() {
+    let run = |keep_up: bool| {
+        let (mut head, log) = FakeHead::cached(Model::default());
+        head.flush_span = 4;
+        let mut drafter = Drafter::new(head);
+        let mut s = drafter.open();
+        let mut sim = Sim::new(Model::default());
+        sim.prefill(&mut s, &[1, 2, 3]);
+        let mut calls_during = Vec::new();
+        for _ in 0..10 {
+            sim.plain(&mut s);
+            if keep_up {
+                s.flush_ready().expect("flush_ready");
+                assert!(s.pending() < 4, "{} pairs buffered", s.pending());
+            }
+            calls_during.push(log.borrow().calls.len());
+        }
+        let round = sim.round(&mut s, 3).expect("a primed drafter proposes");
+        sim.finish(s);
+        assert_eq!(drafter.head().cache_offset(), Some(sim.pos));
+        sim.assert_paired(&log.borrow().stream, sim.pos);
+        let calls = log.borrow().calls.clone();
+        (round.drafts, calls, calls_during)
+    };
+    let (late, _, during) = run(false);
+    assert!(
+        during.iter().all(|&n| n == 0),
+        "nothing written: {during:?}"
+    );
+    let (drafts, calls, during) = run(true);
+    assert_eq!(drafts, late);
+    // The prefill forwards tokens 1 and 2 (3 is the seed) and completes slot
+    // 0; each plain step completes one more, so the 10 steps complete slots
+    // 1..11: two spans of 4 written the step each filled, two pairs left.
+    assert_eq!(during, [0, 0, 1, 1, 1, 1, 2, 2, 2, 2]);
+    for (i, c) in calls.iter().take(2).enumerate() {
+        let at = 4 * i;
+        let ids: Vec<u32> = (at + 2..at + 6).map(|t| t as u32).collect();
+        let slots: Vec<i32> = (at as i32..at as i32 + 4).collect();
+        assert_eq!(*c, call(at, &ids, &slots));
+    }
+}
+
 #[test]
 fn mismatch_rebuilds_the_rejected_slots_from_target_hiddens() {
     let (head, log) = FakeHead::cached(Model::default());

@@ -59,7 +59,8 @@ pub(crate) struct MtpHead {
 /// the head's own weight bytes (its projection, block and unembedding):
 /// never more than that share of the model, whose trunk is larger than its
 /// head, so a session that stays at depth 0 (256 pairs a flush) peaks within
-/// a few percent of plain decoding at any context.
+/// a few percent of plain decoding at any context; and at least
+/// [`FLUSH_SCRATCH_FLOOR`], so a small head's spans are not a few rows each.
 #[derive(Debug, Clone, Copy)]
 struct FlushBudget {
     bytes: usize,
@@ -72,13 +73,28 @@ struct FlushBudget {
 /// decoding's peak; 256 rows took 24.6 %).
 const FLUSH_SCRATCH_SHARE: f64 = 1.0 / 32.0;
 
+/// The least scratch one flush forward may take. A plain stretch writes its
+/// pairs one span at a time between the target's steps (`keep_up` in
+/// `generate/plain.rs`), each span a head forward the host builds and
+/// dispatches: tiny-mtp's share alone (about 1 MB in f32) allows 6 rows at
+/// 1,900 keys, a forward every 6 tokens; 8 MiB allows about 55. On the CPU
+/// the attention kernel does not hold the scores this counts, and a depth-0
+/// session's peak did not move with 32- or 64-row spans (docs/gpu.md, open
+/// check 14).
+const FLUSH_SCRATCH_FLOOR: usize = 4 << 20;
+
 impl FlushBudget {
     fn new(c: &ModelConfig, weight_bytes: usize) -> FlushBudget {
         FlushBudget {
-            bytes: (weight_bytes as f64 * FLUSH_SCRATCH_SHARE) as usize,
+            bytes: FlushBudget::bytes_for(weight_bytes),
             per_key: 4 * 2 * c.num_attention_heads,
             per_row: 4 * (3 * c.intermediate_size + 6 * c.hidden_size),
         }
+    }
+
+    /// The budget for a head of `weight_bytes`.
+    fn bytes_for(weight_bytes: usize) -> usize {
+        ((weight_bytes as f64 * FLUSH_SCRATCH_SHARE) as usize).max(FLUSH_SCRATCH_FLOOR)
     }
 
     /// The most rows whose scratch fits the budget when the cache holds
@@ -250,7 +266,7 @@ impl MtpHead {
 
     /// The flush budget's bytes for the weights the head holds now.
     fn rebudget(&mut self) {
-        self.flush.bytes = (self.weight_bytes() as f64 * FLUSH_SCRATCH_SHARE) as usize;
+        self.flush.bytes = FlushBudget::bytes_for(self.weight_bytes());
     }
 
     /// A copy whose drafting weights are affine-quantized to `p`: its
