@@ -10,7 +10,10 @@
 //! (a measured depth's cost leaves the line for its own median as far as the
 //! median's departure stands out of the timing noise: real curves bend, as a
 //! kernel chosen by row count does), and for depth 0 (the pipelined plain loop, measured on its own) the
-//! drafter's catch-up per plain token. Each round takes
+//! drafter's catch-up per plain token; what a return to drafting costs
+//! whatever the plain stretch before it is a separate figure, charged to
+//! leaving plain (spread over [`PROBE_MAX`] rounds) and to the spacing of
+//! probes from settled plain. Each round takes
 //! `argmax_d E[committed | d] / cost(d)` with
 //! `E[committed | d] = 1 + Σ_{j≤d} Π_{i≤j} a_i` (the bonus or replacement
 //! token always commits), so speculation switches itself off when it does not
@@ -79,6 +82,10 @@ const PROBE_MAX: u64 = 64;
 /// see `depth/sim.rs`). Only settled plain: elsewhere a probe may be what
 /// corrects a wrong rating, which the budget would trust.
 const PROBE_BUDGET: f64 = 0.02;
+
+/// The probe interval from which plain counts as settled for
+/// [`PROBE_BUDGET`]: plain has stayed the choice through two probes.
+const SETTLED_PLAIN: u64 = PROBE_MAX;
 
 /// The share of a request's acceptance evidence the next request of the
 /// same session starts with: about ten rounds' worth, so a new text takes
@@ -191,12 +198,19 @@ impl DepthController {
 
     /// Modelled tokens per second of each depth `0..=max` (`None` before any timing).
     pub(crate) fn throughput(&self) -> Vec<Option<f64>> {
+        self.throughput_from(0.0)
+    }
+
+    /// [`DepthController::throughput`] with `extra` seconds added to every
+    /// drafting depth's round.
+    fn throughput_from(&self, extra: f64) -> Vec<Option<f64>> {
         let e = expected_committed(&self.acceptance.rates());
         self.cost
             .costs()
             .into_iter()
             .zip(e)
-            .map(|(c, e)| c.map(|c| e / c))
+            .enumerate()
+            .map(|(d, (c, e))| c.map(|c| e / (c + if d > 0 { extra } else { 0.0 })))
             .collect()
     }
 
@@ -225,7 +239,16 @@ impl DepthController {
         if self.cost.count(0) < SEED_ROUNDS {
             return (0, Reason::Seed);
         }
-        let throughput = self.throughput();
+        // From plain, a drafting depth also pays for the return to drafting
+        // (`CostModel::resume_cost`), spread over the rounds a choice is
+        // kept at least (`PROBE_MAX`): where drafting and plain are within
+        // a few percent, switching back and forth would pay it each time.
+        let extra = if self.plain_run > 0 {
+            self.cost.resume_cost() / PROBE_MAX as f64
+        } else {
+            0.0
+        };
+        let throughput = self.throughput_from(extra);
         let best_of = |from: usize| {
             throughput
                 .iter()
@@ -268,7 +291,7 @@ impl DepthController {
         // Once plain has stayed the choice through probes up to the longest
         // interval, a probe the model rates far worse waits until it costs
         // at most `PROBE_BUDGET` of the time spent since the last one.
-        let settled_plain = best == 0 && self.probe_every >= PROBE_MAX;
+        let settled_plain = best == 0 && self.probe_every >= SETTLED_PLAIN;
         if settled_plain && k != best && (self.since_probe as f64) < self.plain_probe_spacing(k) {
             return (best, Reason::Best);
         }
@@ -292,10 +315,10 @@ impl DepthController {
     }
 
     /// Plain tokens after which a probe of drafting depth `k` costs at most
-    /// [`PROBE_BUDGET`] of the time they took: the probe's two rounds (the
-    /// first carries the drafter's catch-up) over the plain time of the
-    /// tokens they are expected to commit, over a plain token's cost. Zero
-    /// while either cost is unknown.
+    /// [`PROBE_BUDGET`] of the time they took: the probe's two rounds over
+    /// the plain time of the tokens they are expected to commit, plus what
+    /// resuming drafting costs (`CostModel::resume_cost`), over a plain
+    /// token's cost. Zero while either cost is unknown.
     fn plain_probe_spacing(&self, k: usize) -> f64 {
         let costs = self.cost.costs();
         let e = expected_committed(&self.acceptance.rates());
@@ -306,7 +329,7 @@ impl DepthController {
         ) else {
             return 0.0;
         };
-        2.0 * (ck - ek * plain).max(0.0) / (PROBE_BUDGET * plain)
+        (self.cost.resume_cost() + 2.0 * (ck - ek * plain).max(0.0)) / (PROBE_BUDGET * plain)
     }
 
     fn log(&self, k: usize, reason: Reason) {

@@ -11,8 +11,12 @@
 //! before the host reads the current token), so it is its own measurement and
 //! not a point of the line: a drafted round always waits for its forward.
 //! Its cost also carries the drafter's upkeep: the tokens of a plain stretch
-//! are forwarded through the draft head (or draft model) in one catch-up when
-//! drafting resumes, a cost per plain token that speculation-off would not pay.
+//! are forwarded through the draft model in one catch-up when drafting
+//! resumes (the MTP head is fed span by span during the stretch, in the
+//! plain tokens' own time), a cost per plain token that speculation-off
+//! would not pay. The catch-up round also pays a fixed part, whatever the
+//! stretch's length, which the line through the catch-ups' excess tells
+//! apart ([`CostModel::resume_cost`]).
 
 use std::collections::VecDeque;
 
@@ -109,18 +113,74 @@ fn middle(mut v: Vec<f64>) -> Option<f64> {
     })
 }
 
-/// Recent round wall times per depth, and the drafter's upkeep per plain token.
+/// Recent round wall times per depth, and what resuming drafting after plain
+/// steps costs.
 #[derive(Debug, Clone)]
 pub(crate) struct CostModel {
     /// `samples[d]`: the newest wall times of depth-`d` rounds in seconds.
     samples: Vec<Window>,
-    /// Decayed sums of catch-up excess seconds and of the plain tokens they
-    /// caught up on: their ratio weighs a long stretch above a one-token probe.
-    upkeep: (f64, f64),
+    /// The catch-up rounds' excess against their plain stretches' lengths.
+    upkeep: Upkeep,
+}
+
+/// Decayed weighted sums over catch-up rounds of `(1, n, n², e, n·e)`, `n`
+/// the plain tokens before the round and `e` its excess over its depth's
+/// median, for the least-squares line `e = fixed + per_token · n`. The two
+/// parts differ in kind: a per-token part (a drafter that forwards the
+/// stretch's tokens when drafting resumes, as a draft model does) is a cost
+/// of each plain token; a fixed part (on a GPU, a round whose graph of ops
+/// is unlike the rounds' before it, built anew whatever the stretch's
+/// length: 3-10 ms on an H100 at tiny-mtp, against 2.3 ms for a round) is a
+/// cost of each return to drafting, which only the spacing of probes from
+/// plain decides.
+#[derive(Debug, Clone, Copy, Default)]
+struct Upkeep {
+    w: f64,
+    n: f64,
+    nn: f64,
+    e: f64,
+    ne: f64,
+}
+
+impl Upkeep {
+    fn observe(&mut self, n: f64, e: f64) {
+        let d = UPKEEP_DECAY;
+        self.w = self.w * d + 1.0;
+        self.n = self.n * d + n;
+        self.nn = self.nn * d + n * n;
+        self.e = self.e * d + e;
+        self.ne = self.ne * d + n * e;
+    }
+
+    /// `(fixed, per_token)`, both at least 0; `(0, 0)` before a catch-up.
+    /// While the stretches' lengths hardly vary (a relative spread under
+    /// [`UPKEEP_SPREAD`]) the two cannot be told apart, and the whole
+    /// excess is taken as fixed: taken per token, the excess of a few
+    /// short stretches (seeding's three plain steps) would condemn plain
+    /// for good, since only longer stretches could show otherwise; taken
+    /// as fixed, a real per-token cost shows once plain's stretches
+    /// lengthen (each probe interval doubles the last).
+    fn parts(&self) -> (f64, f64) {
+        if self.w <= 0.0 || self.n <= 0.0 {
+            return (0.0, 0.0);
+        }
+        let (mn, me) = (self.n / self.w, self.e / self.w);
+        let var = self.nn / self.w - mn * mn;
+        let all_per_token = (me / mn).max(0.0);
+        if var <= (UPKEEP_SPREAD * mn).powi(2) {
+            return (me.max(0.0), 0.0);
+        }
+        let cov = self.ne / self.w - mn * me;
+        let per_token = (cov / var).clamp(0.0, all_per_token);
+        ((me - per_token * mn).max(0.0), per_token)
+    }
 }
 
 /// Per-catch-up decay of the upkeep sums.
 const UPKEEP_DECAY: f64 = 0.8;
+/// The relative spread of the plain stretches' lengths below which a
+/// catch-up's excess is not split into a fixed and a per-token part.
+const UPKEEP_SPREAD: f64 = 0.25;
 /// The relative spread of one round's time assumed until some depth holds
 /// [`SPREAD_MIN_SAMPLES`] samples.
 const PRIOR_SPREAD: f64 = 0.3;
@@ -137,7 +197,7 @@ impl CostModel {
     pub(crate) fn new(max: usize, window: usize) -> CostModel {
         CostModel {
             samples: vec![Window::new(window); max + 1],
-            upkeep: (0.0, 0.0),
+            upkeep: Upkeep::default(),
         }
     }
 
@@ -152,9 +212,10 @@ impl CostModel {
     }
 
     /// Records a catch-up round at `depth` that took `seconds` after `plain`
-    /// plain tokens: its excess over the depth's median, shared among them.
+    /// plain tokens: its excess over the depth's median (see [`Upkeep`]).
     /// Ignored until the depth and plain steps have medians; the excess is
-    /// capped at a plain step per token, so one stall cannot condemn plain.
+    /// capped at a plain step per token plus [`STALL_FACTOR`] rounds of the
+    /// depth, so one stall cannot condemn plain.
     pub(crate) fn observe_catch_up(&mut self, depth: usize, plain: usize, seconds: f64) {
         if plain == 0 || !seconds.is_finite() || self.count(depth) < UPKEEP_MIN_SAMPLES {
             return;
@@ -162,18 +223,19 @@ impl CostModel {
         let (Some(c), Some(p)) = (self.median(depth), self.median(0)) else {
             return;
         };
-        let excess = (seconds - c).clamp(-c, p * plain as f64);
-        self.upkeep.0 = self.upkeep.0 * UPKEEP_DECAY + excess;
-        self.upkeep.1 = self.upkeep.1 * UPKEEP_DECAY + plain as f64;
+        let excess = (seconds - c).clamp(-c, p * plain as f64 + STALL_FACTOR * c);
+        self.upkeep.observe(plain as f64, excess);
     }
 
     /// The drafter's upkeep per plain token, 0 before a catch-up was measured.
     pub(crate) fn upkeep(&self) -> f64 {
-        if self.upkeep.1 > 0.0 {
-            (self.upkeep.0 / self.upkeep.1).max(0.0)
-        } else {
-            0.0
-        }
+        self.upkeep.parts().1
+    }
+
+    /// What a return to drafting costs over its round, whatever the plain
+    /// stretch before it; 0 before a catch-up was measured.
+    pub(crate) fn resume_cost(&self) -> f64 {
+        self.upkeep.parts().0
     }
 
     /// Samples held for `depth`.
@@ -321,19 +383,53 @@ mod tests {
         for _ in 1..UPKEEP_MIN_SAMPLES {
             c.observe(1, 0.012);
         }
-        // 10 plain tokens, then a depth-1 round 20 ms over its 12 ms.
+        // 10 plain tokens, then a depth-1 round 20 ms over its 12 ms: one
+        // stretch length, so no per-token part can be told apart.
         c.observe_catch_up(1, 10, 0.032);
-        let up = c.upkeep();
-        assert!((up - 0.002).abs() < 1e-12, "upkeep {up}");
+        assert_eq!(c.upkeep(), 0.0);
+        assert!((c.resume_cost() - 0.020).abs() < 1e-12);
+        assert_eq!(c.cost(0), Some(0.010));
+        // Then 30 plain tokens and 60 ms over: 2 ms a token, nothing fixed.
+        c.observe_catch_up(1, 30, 0.072);
+        assert!((c.upkeep() - 0.002).abs() < 1e-12, "upkeep {}", c.upkeep());
+        assert!(c.resume_cost().abs() < 1e-12);
         let c0 = c.cost(0).unwrap();
         assert!((c0 - 0.012).abs() < 1e-12, "cost(0) = {c0}");
         // No plain tokens: nothing to share.
         c.observe_catch_up(1, 0, 1.0);
         assert!((c.upkeep() - 0.002).abs() < 1e-12);
-        // A 1 s stall after one plain token is capped at one plain step.
+        // A 1 s stall after one plain token is capped at one plain step
+        // plus three rounds of the depth (46 ms over its 12 ms): it moves
+        // part of the excess from the tokens to the resume, no further.
         c.observe_catch_up(1, 1, 1.0);
-        let want = (0.8 * 0.020 + 0.010) / (0.8 * 10.0 + 1.0);
-        assert!((c.upkeep() - want).abs() < 1e-12, "upkeep {}", c.upkeep());
+        let (fixed, per_token) = (c.resume_cost(), c.upkeep());
+        assert!(
+            per_token > 0.0 && per_token < 0.002,
+            "per token {per_token}"
+        );
+        assert!(fixed > 0.0 && fixed < 0.046, "fixed {fixed}");
+    }
+
+    #[test]
+    fn a_resume_cost_and_a_per_token_catch_up_are_told_apart() {
+        // Catch-ups after stretches of 8, 16, 32 and 64 plain tokens,
+        // each 6 ms plus 0.1 ms a token over a 2 ms round.
+        let mut c = CostModel::new(1, WINDOW);
+        c.observe(0, 0.001);
+        for _ in 0..UPKEEP_MIN_SAMPLES {
+            c.observe(1, 0.002);
+        }
+        for n in [8usize, 16, 32, 64] {
+            c.observe_catch_up(1, n, 0.002 + 0.006 + 1e-4 * n as f64);
+        }
+        assert!(
+            (c.resume_cost() - 0.006).abs() < 1e-9,
+            "{}",
+            c.resume_cost()
+        );
+        assert!((c.upkeep() - 1e-4).abs() < 1e-9, "{}", c.upkeep());
+        // Plain's modelled cost carries the per-token part only.
+        assert!((c.cost(0).unwrap() - 0.0011).abs() < 1e-9);
     }
 
     #[test]
