@@ -239,16 +239,7 @@ impl DepthController {
         if self.cost.count(0) < SEED_ROUNDS {
             return (0, Reason::Seed);
         }
-        // From plain, a drafting depth also pays for the return to drafting
-        // (`CostModel::resume_cost`), spread over the rounds a choice is
-        // kept at least (`PROBE_MAX`): where drafting and plain are within
-        // a few percent, switching back and forth would pay it each time.
-        let extra = if self.plain_run > 0 {
-            self.cost.resume_cost() / PROBE_MAX as f64
-        } else {
-            0.0
-        };
-        let throughput = self.throughput_from(extra);
+        let throughput = self.throughput_from(self.resume_share());
         let best_of = |from: usize| {
             throughput
                 .iter()
@@ -312,6 +303,19 @@ impl DepthController {
         }
         self.probe = (rounds > 1).then(|| (k, rounds - 2));
         (k, Reason::Probe)
+    }
+
+    /// What a drafting round pays for leaving plain: after plain rounds,
+    /// the return to drafting (`CostModel::resume_cost`) spread over
+    /// [`PROBE_MAX`] rounds, the most a choice is kept between probes; else
+    /// 0. Where drafting and plain are within a few percent, switching back
+    /// and forth would pay it each time.
+    fn resume_share(&self) -> f64 {
+        if self.plain_run > 0 {
+            self.cost.resume_cost() / PROBE_MAX as f64
+        } else {
+            0.0
+        }
     }
 
     /// Plain tokens after which a probe of drafting depth `k` costs at most
