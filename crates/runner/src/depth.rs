@@ -83,10 +83,6 @@ const PROBE_MAX: u64 = 64;
 /// corrects a wrong rating, which the budget would trust.
 const PROBE_BUDGET: f64 = 0.02;
 
-/// The probe interval from which plain counts as settled for
-/// [`PROBE_BUDGET`]: plain has stayed the choice through two probes.
-const SETTLED_PLAIN: u64 = PROBE_MAX;
-
 /// The share of a request's acceptance evidence the next request of the
 /// same session starts with: about ten rounds' worth, so a new text takes
 /// over within a few rounds while the first choices are already informed.
@@ -282,7 +278,7 @@ impl DepthController {
         // Once plain has stayed the choice through probes up to the longest
         // interval, a probe the model rates far worse waits until it costs
         // at most `PROBE_BUDGET` of the time spent since the last one.
-        let settled_plain = best == 0 && self.probe_every >= SETTLED_PLAIN;
+        let settled_plain = best == 0 && self.probe_every >= PROBE_MAX;
         if settled_plain && k != best && (self.since_probe as f64) < self.plain_probe_spacing(k) {
             return (best, Reason::Best);
         }
