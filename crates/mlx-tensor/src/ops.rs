@@ -360,7 +360,10 @@ impl Array {
     pub fn quantize(&self, group_size: i32, bits: i32) -> Result<(Array, Array, Array)> {
         match self.quantize_mode(group_size, bits, QuantMode::Affine)? {
             (w, s, Some(b)) => Ok((w, s, b)),
-            _ => panic!("MLX affine quantize returned no biases"),
+            _ => Err(crate::Error::Mlx {
+                message: "affine quantize returned no biases".into(),
+                location: std::panic::Location::caller(),
+            }),
         }
     }
 
@@ -381,7 +384,13 @@ impl Array {
         let mut it = parts.into_iter();
         match (it.next(), it.next(), it.next()) {
             (Some(w), Some(s), b) => Ok((w, s, b)),
-            _ => panic!("MLX quantize returned fewer than two arrays"),
+            _ => Err(crate::Error::Mlx {
+                message: format!(
+                    "quantize in mode {} returned fewer than two arrays",
+                    mode.name()
+                ),
+                location: std::panic::Location::caller(),
+            }),
         }
     }
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use mlx_tensor::ops::QuantMode;
 use runner::{QuantizeOptions, QuantizeReport, quantize_folder_cancellable};
 use serde::Serialize;
 
@@ -13,9 +14,12 @@ pub(crate) const AFTER_HELP: &str = "EXAMPLES:
   mtp-runner quantize --model models/tiny-mtp --out /tmp/tiny-mtp-4bit
   mtp-runner quantize --model DIR --out DIR-8bit --bits 8 --group-size 32
   mtp-runner quantize --model DIR --out DIR-4bit --keep-mtp-precision
+  mtp-runner quantize --model DIR --out DIR-mxfp4 --mode mxfp4
 
 The output is mlx-lm's format (uint32-packed `weight`, `scales`, `biases`; a
-`quantization` block in config.json) and also loads in mlx-lm.
+`quantization` block in config.json) and also loads in mlx-lm. The
+floating-point modes (mxfp4, mxfp8, nvfp4: mlx_lm.convert's --q-mode) store
+uint8 scales and no biases, and fix their bits and group size.
 --keep-mtp-precision leaves the MTP head's matrices unquantized (marked false
 in the block): use it when drafts from a quantized head are accepted less often.";
 
@@ -28,12 +32,16 @@ pub(crate) struct QuantizeArgs {
     /// New folder to write (must not exist or be empty).
     #[arg(long, short)]
     pub out: PathBuf,
-    /// Bits per weight: 4 or 8.
-    #[arg(long, default_value_t = 4)]
-    pub bits: u32,
-    /// Weights sharing one scale and bias: 32, 64 or 128.
-    #[arg(long, default_value_t = 64)]
-    pub group_size: u32,
+    /// Quantization mode: affine, or a floating-point mode (mxfp4, mxfp8,
+    /// nvfp4) with its own bits and group size.
+    #[arg(long, default_value = "affine", value_parser = parse_mode)]
+    pub mode: QuantMode,
+    /// Bits per weight: 4 or 8 [default: 4, or the mode's].
+    #[arg(long)]
+    pub bits: Option<u32>,
+    /// Weights sharing one scale and bias: 32, 64 or 128 [default: 64, or the mode's].
+    #[arg(long)]
+    pub group_size: Option<u32>,
     /// Keep the MTP head's matrices unquantized.
     #[arg(long)]
     pub keep_mtp_precision: bool,
@@ -46,6 +54,7 @@ pub(crate) struct QuantizeArgs {
 #[derive(Debug, Serialize)]
 struct Summary<'a> {
     out: String,
+    mode: &'static str,
     bits: u32,
     group_size: u32,
     keep_mtp_precision: bool,
@@ -59,10 +68,12 @@ struct Summary<'a> {
 
 /// Runs `quantize`.
 pub(crate) fn run(a: QuantizeArgs) -> Result<u8> {
+    let defaults = QuantizeOptions::for_mode(a.mode);
     let opts = QuantizeOptions {
-        bits: a.bits,
-        group_size: a.group_size,
+        bits: a.bits.unwrap_or(defaults.bits),
+        group_size: a.group_size.unwrap_or(defaults.group_size),
         keep_mtp_precision: a.keep_mtp_precision,
+        ..defaults
     };
     // Ctrl-C sets the flag, checked between tensors: the staging folder is
     // removed and nothing appears at --out (exit 130).
@@ -75,8 +86,9 @@ pub(crate) fn run(a: QuantizeArgs) -> Result<u8> {
     if a.json {
         let s = Summary {
             out: a.out.display().to_string(),
-            bits: a.bits,
-            group_size: a.group_size,
+            mode: opts.mode.name(),
+            bits: opts.bits,
+            group_size: opts.group_size,
             keep_mtp_precision: a.keep_mtp_precision,
             quantized: r.quantized.len(),
             other_precision: &r.other_precision,
@@ -100,11 +112,12 @@ pub(crate) fn run(a: QuantizeArgs) -> Result<u8> {
             .collect();
         writeln!(
             out,
-            "wrote {}: {} matrices at {} bits (group {}{other}), {} kept unquantized; {:.1} MiB → {:.1} MiB",
+            "wrote {}: {} matrices {} at {} bits (group {}{other}), {} kept unquantized; {:.1} MiB → {:.1} MiB",
             a.out.display(),
             r.quantized.len(),
-            a.bits,
-            a.group_size,
+            opts.mode.name(),
+            opts.bits,
+            opts.group_size,
             r.kept.len(),
             mib(r.source_bytes),
             mib(r.written_bytes)
@@ -116,4 +129,12 @@ pub(crate) fn run(a: QuantizeArgs) -> Result<u8> {
         .and_then(|()| stdout.flush())
         .map_err(crate::output::write_error)?;
     Ok(0)
+}
+
+/// `--mode`: one of MLX's quantization modes, by the name config.json uses.
+fn parse_mode(s: &str) -> std::result::Result<QuantMode, String> {
+    QuantMode::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = QuantMode::ALL.iter().map(|m| m.name()).collect();
+        format!("unknown mode `{s}`; use one of {}", names.join(", "))
+    })
 }

@@ -1,9 +1,11 @@
-//! `mtp-runner quantize`: writes an MLX affine-quantized copy of a model folder.
+//! `mtp-runner quantize`: writes an MLX-quantized copy of a model folder
+//! (affine, or one of MLX's floating-point modes: mxfp4, mxfp8, nvfp4).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use mlx_tensor::ops::QuantMode;
 use mlx_tensor::{Array, Dtype};
 use serde_json::Value;
 
@@ -32,9 +34,13 @@ const COPIED: [&str; 9] = [
 /// What `quantize` does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuantizeOptions {
-    /// Bits per weight: 4 or 8.
+    /// How codes and scales decode: affine (codes, scales and biases in the
+    /// source dtype) or a floating-point mode (e2m1 / e4m3 codes, uint8
+    /// scales, no biases), whose bits and group size are fixed.
+    pub mode: QuantMode,
+    /// Bits per weight: 4 or 8 (affine); the mode's own otherwise.
     pub bits: u32,
-    /// Inputs per scale/bias: 32, 64 or 128.
+    /// Inputs per scale/bias: 32, 64 or 128 (affine); the mode's own otherwise.
     pub group_size: u32,
     /// Keep the MTP head's matrices unquantized (in the source dtype), marked
     /// `false` in the config, so drafts are not damaged by quantization.
@@ -42,19 +48,44 @@ pub struct QuantizeOptions {
 }
 
 impl Default for QuantizeOptions {
-    /// mlx-lm's defaults: 4 bits, groups of 64.
+    /// mlx-lm's defaults: affine, 4 bits, groups of 64.
     fn default() -> Self {
-        QuantizeOptions {
-            bits: 4,
-            group_size: 64,
-            keep_mtp_precision: false,
-        }
+        QuantizeOptions::for_mode(QuantMode::Affine)
     }
 }
 
 impl QuantizeOptions {
+    /// The defaults of `mode` (mlx-lm's `convert --q-mode`): affine at 4
+    /// bits in groups of 64; mxfp4 4 / 32, mxfp8 8 / 32, nvfp4 4 / 16.
+    pub fn for_mode(mode: QuantMode) -> QuantizeOptions {
+        let (group_size, bits) = mode.fixed().unwrap_or((64, 4));
+        QuantizeOptions {
+            mode,
+            bits: bits as u32,
+            group_size: group_size as u32,
+            keep_mtp_precision: false,
+        }
+    }
+
     /// Checks the options on their own.
     pub fn validate(&self) -> Result<()> {
+        if let Some((g, b)) = self.mode.fixed() {
+            let fixed = |option, value: u32, fixed: i32, what| {
+                if value == fixed as u32 {
+                    return Ok(());
+                }
+                Err(Error::InvalidOption {
+                    option,
+                    message: format!(
+                        "{value} does not fit --mode {}, whose {what} is always {fixed}; \
+                         leave it out",
+                        self.mode.name()
+                    ),
+                })
+            };
+            fixed("--bits", self.bits, b, "bit width")?;
+            return fixed("--group-size", self.group_size, g, "group size");
+        }
         if !matches!(self.bits, 4 | 8) {
             return Err(Error::InvalidOption {
                 option: "--bits",
@@ -71,7 +102,11 @@ impl QuantizeOptions {
     }
 
     fn params(&self) -> QuantParams {
-        QuantParams::affine(self.group_size, self.bits)
+        QuantParams {
+            group_size: self.group_size,
+            bits: self.bits,
+            mode: self.mode,
+        }
     }
 }
 
@@ -160,8 +195,15 @@ pub fn quantize_folder_cancellable(
         return Err(Error::InvalidOption {
             option: "--group-size",
             message: format!(
-                "hidden_size {h} is not a multiple of {}; pick a group size that divides it (32, 64 or 128)",
-                opts.group_size
+                "hidden_size {h} is not a multiple of {}; {}",
+                opts.group_size,
+                match opts.mode.fixed() {
+                    None => "pick a group size that divides it (32, 64 or 128)".to_owned(),
+                    Some(_) => format!(
+                        "--mode {} cannot quantize this model; use --mode affine",
+                        opts.mode.name()
+                    ),
+                }
             ),
         });
     }
@@ -422,25 +464,26 @@ fn group_divides(name: &str, w: &Array, group: u32) -> Result<()> {
     })
 }
 
-/// Quantizes `w` (`[out, in]` or `[E, out, in]`) as module `module`: the
-/// packed `weight`, and `scales` and `biases` in the source dtype, as mlx-lm
-/// stores them.
-fn pack(module: &str, w: &Array, params: QuantParams) -> Result<[(String, Array); 3]> {
+/// Quantizes `w` (`[out, in]` or `[E, out, in]`) as module `module`, as
+/// mlx-lm stores it: the packed `weight`, and in affine mode `scales` and
+/// `biases` in the source dtype; in a floating-point mode the uint8
+/// `scales` alone.
+fn pack(module: &str, w: &Array, params: QuantParams) -> Result<Vec<(String, Array)>> {
     let source = w.dtype();
     let q = QuantizedTensor::quantize(&w.as_type(Dtype::Float32)?, params)?;
-    let biases = q
-        .biases
-        .as_ref()
-        .expect("quantize writes affine: scales and biases");
-    let (scales, biases) = (q.scales.as_type(source)?, biases.as_type(source)?);
+    let mut parts = vec![(format!("{module}.weight"), q.weight)];
+    match q.biases {
+        Some(biases) => {
+            parts.push((format!("{module}.scales"), q.scales.as_type(source)?));
+            parts.push((format!("{module}.biases"), biases.as_type(source)?));
+        }
+        None => parts.push((format!("{module}.scales"), q.scales)),
+    }
     // Evaluated here, one matrix at a time, so the work is spread between
     // the cancel checks instead of all happening in the save.
-    mlx_tensor::eval(&[q.weight.clone(), scales.clone(), biases.clone()])?;
-    Ok([
-        (format!("{module}.weight"), q.weight),
-        (format!("{module}.scales"), scales),
-        (format!("{module}.biases"), biases),
-    ])
+    let arrays: Vec<Array> = parts.iter().map(|(_, a)| a.clone()).collect();
+    mlx_tensor::eval(&arrays)?;
+    Ok(parts)
 }
 
 /// Opens `path` and reads one byte, so an unreadable file (permissions, an
@@ -515,13 +558,25 @@ fn readme(src: &Path, opts: &QuantizeOptions, r: &QuantizeReport) -> String {
     } else {
         "The MTP head, if any, is quantized like the trunk.".to_owned()
     };
+    let (command, kind, stored) = match opts.mode.fixed() {
+        None => (
+            format!("--bits {} --group-size {}", opts.bits, opts.group_size),
+            "affine".to_owned(),
+            "`weight` uint32-packed, `scales`, `biases`",
+        ),
+        Some(_) => (
+            format!("--mode {}", opts.mode.name()),
+            opts.mode.name().to_owned(),
+            "`weight` uint32-packed, uint8 `scales`, no biases",
+        ),
+    };
     format!(
-        "# {name} ({bits}-bit)\n\n\
-         Quantized by `mtp-runner quantize --bits {bits} --group-size {g}{flag}` from `{name}`: \
-         MLX affine quantization, {bits} bits, group size {g}, for {n} linear and embedding matrices \
-         and MoE expert stacks (MoE routers at 8 bits, group 64, as mlx-lm quantizes them); \
+        "# {name} ({kind}, {bits}-bit)\n\n\
+         Quantized by `mtp-runner quantize {command}{flag}` from `{name}`: \
+         MLX {kind} quantization, {bits} bits, group size {g}, for {n} linear and embedding matrices \
+         and MoE expert stacks (MoE routers affine at 8 bits, group 64, as mlx-lm quantizes them); \
          norms are unchanged. {mtp}\n\n\
-         The layout is mlx-lm's (`weight` uint32-packed, `scales`, `biases`; `quantization` in \
+         The layout is mlx-lm's ({stored}; `quantization` in \
          config.json), so the folder loads in mtp-runner and in mlx-lm.\n",
         bits = opts.bits,
         g = opts.group_size,

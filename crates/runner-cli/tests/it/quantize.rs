@@ -56,6 +56,36 @@ fn quantized_folder_generates_and_json_summary_counts_matrices() {
     );
     let g: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(g["generated_tokens"].as_u64().unwrap() >= 1, "{g}");
+    // A floating-point mode takes its own bits and group size.
+    let out = tmp.path().join("nvfp4");
+    let o = check(
+        &[
+            "quantize",
+            "--model",
+            s(src.path()),
+            "--out",
+            s(&out),
+            "--mode",
+            "nvfp4",
+            "--json",
+        ],
+        0,
+        &[],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (&v["mode"], &v["bits"], &v["group_size"]),
+        (&"nvfp4".into(), &4.into(), &16.into()),
+        "{v}"
+    );
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["quantization"]["mode"], "nvfp4");
+    check(
+        &["generate", "--model", s(&out), "--prompt", "hi", "-n", "3"],
+        0,
+        &[],
+    );
 }
 
 #[test]
@@ -79,6 +109,18 @@ fn bad_quantize_options_exit_2_naming_the_option() {
         &["quantize", "--model", m, "--out", o, "--group-size", "128"],
         2,
         &["hidden_size 64", "128"],
+    );
+    check(
+        &["quantize", "--model", m, "--out", o, "--mode", "fp4"],
+        2,
+        &["--mode", "fp4", "mxfp4, mxfp8, nvfp4"],
+    );
+    check(
+        &[
+            "quantize", "--model", m, "--out", o, "--mode", "mxfp8", "--bits", "4",
+        ],
+        2,
+        &["--bits", "mxfp8", "always 8"],
     );
     // The output folder is not empty: here, the source itself.
     check(

@@ -147,6 +147,7 @@ fn an_fp8_source_quantizes_to_an_mlx_model() {
         bits: 8,
         group_size: 32,
         keep_mtp_precision: false,
+        ..QuantizeOptions::default()
     };
     runner::quantize_folder(src.path(), &dst, &opts).unwrap();
     let c: Value =

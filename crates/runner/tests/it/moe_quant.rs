@@ -31,6 +31,7 @@ fn quantized(bits: u32) -> tempfile::TempDir {
         bits,
         group_size: 64,
         keep_mtp_precision: false,
+        ..QuantizeOptions::default()
     };
     quantize_folder(&dir(), q.path(), &o).unwrap();
     q
@@ -212,6 +213,7 @@ fn every_expert_layout_quantizes_and_loads() {
             bits: 8,
             group_size: 32,
             keep_mtp_precision: false,
+            ..QuantizeOptions::default()
         };
         quantize_folder(src.path(), q.path(), &o).unwrap_or_else(|e| panic!("{name}: {e}"));
         let t = tensors(q.path());
@@ -266,6 +268,7 @@ fn keep_mtp_precision_leaves_the_moe_head_dense() {
         bits: 4,
         group_size: 64,
         keep_mtp_precision: true,
+        ..QuantizeOptions::default()
     };
     let report = quantize_folder(&dir(), q.path(), &o).unwrap();
     // The routers are reported as packed at 8 bits, and only they.

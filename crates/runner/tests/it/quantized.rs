@@ -30,6 +30,7 @@ fn opts(bits: u32, group_size: u32) -> QuantizeOptions {
         bits,
         group_size,
         keep_mtp_precision: false,
+        ..QuantizeOptions::default()
     }
 }
 
@@ -74,14 +75,27 @@ fn dequantized_copy(q: &Path, params: QuantParams) -> tempfile::TempDir {
             continue;
         }
         let a = match name.strip_suffix(".weight") {
-            Some(m) if t.contains_key(&format!("{m}.scales")) => ops::dequantize(
-                a,
-                &t[&format!("{m}.scales")].as_type(Dtype::Float32).unwrap(),
-                &t[&format!("{m}.biases")].as_type(Dtype::Float32).unwrap(),
-                params.group_size as i32,
-                params.bits as i32,
-            )
-            .unwrap(),
+            Some(m) if t.contains_key(&format!("{m}.scales")) => {
+                let scales = &t[&format!("{m}.scales")];
+                // Affine scales are floats; the floating-point modes' stay uint8.
+                let scales = match params.mode {
+                    QuantMode::Affine => scales.as_type(Dtype::Float32).unwrap(),
+                    _ => scales.clone(),
+                };
+                let biases = t
+                    .get(&format!("{m}.biases"))
+                    .map(|b| b.as_type(Dtype::Float32).unwrap());
+                ops::dequantize_mode(
+                    a,
+                    &scales,
+                    biases.as_ref(),
+                    params.group_size as i32,
+                    params.bits as i32,
+                    params.mode,
+                    Dtype::Float32,
+                )
+                .unwrap()
+            }
             _ => a.as_type(Dtype::Float32).unwrap(),
         };
         dense.push((name.clone(), a));
@@ -189,6 +203,81 @@ fn round_trip_logits_are_close_to_f32() {
         "q4 ({e4}) should be clearly worse than q8 ({e8})"
     );
     assert!(e8 > 0.0, "q8 changed nothing: was anything quantized?");
+}
+
+/// `quantize --mode` in each of MLX's floating-point modes writes mlx-lm's
+/// layout (uint8 scales, no biases, the mode in the config block, its fixed
+/// sizes), the folder loads, its logits are the dense model's on the
+/// dequantized weights, and its error against f32 orders as the bits do.
+#[test]
+fn floating_point_modes_quantize_load_and_compute_their_dequantized_weights() {
+    let src = common::write(&Fixture::new(Arch::Qwen3), 5);
+    let ids = tokens(9);
+    let f32_logits = logits(common::load(src.path()).model.as_ref(), &ids);
+    let mut errors = BTreeMap::new();
+    for mode in [QuantMode::Mxfp4, QuantMode::Mxfp8, QuantMode::Nvfp4] {
+        let case = mode.name();
+        let o = QuantizeOptions::for_mode(mode);
+        let q = quantize(src.path(), o);
+        let c = read_config(q.path());
+        let (g, b) = mode.fixed().unwrap();
+        assert_eq!(c["quantization"]["mode"], case, "{case}");
+        assert_eq!(c["quantization"]["group_size"], g, "{case}");
+        assert_eq!(c["quantization"]["bits"], b, "{case}");
+        let t = tensors(q.path());
+        let scales: Vec<_> = t.iter().filter(|(n, _)| n.ends_with(".scales")).collect();
+        assert!(!scales.is_empty(), "{case}: nothing was quantized");
+        for (name, a) in scales {
+            assert_eq!(a.dtype(), Dtype::Uint8, "{case}: {name}");
+        }
+        assert!(
+            !t.keys().any(|n| n.ends_with(".biases")),
+            "{case}: a floating-point mode stores no biases"
+        );
+        let got = logits(common::load(q.path()).model.as_ref(), &ids);
+        let dense = dequantized_copy(q.path(), fp_params(mode));
+        let want = logits(common::load(dense.path()).model.as_ref(), &ids);
+        let same = relative_error(&got, &want);
+        assert!(same < 1e-4, "{case}: {same} from its dequantized weights");
+        errors.insert(case, relative_error(&got, &f32_logits));
+    }
+    let (mx4, mx8, nv4) = (errors["mxfp4"], errors["mxfp8"], errors["nvfp4"]);
+    assert!(mx8 > 0.0 && mx8 < 0.05, "mxfp8 relative error {mx8}");
+    assert!(mx4 < 0.3 && nv4 < 0.3, "fp4 relative errors {mx4}, {nv4}");
+    assert!(
+        mx4 > 2.0 * mx8,
+        "mxfp4 ({mx4}) should be clearly worse than mxfp8 ({mx8})"
+    );
+    // A mode's sizes are its own: other bits or groups are refused by name.
+    let fresh = tempfile::tempdir().unwrap();
+    let out = fresh.path().join("out");
+    for (o, needles) in [
+        (
+            QuantizeOptions {
+                bits: 8,
+                ..QuantizeOptions::for_mode(QuantMode::Mxfp4)
+            },
+            ["--bits", "mxfp4", "always 4"],
+        ),
+        (
+            QuantizeOptions {
+                group_size: 64,
+                ..QuantizeOptions::for_mode(QuantMode::Nvfp4)
+            },
+            ["--group-size", "nvfp4", "always 16"],
+        ),
+    ] {
+        let e = quantize_folder(src.path(), &out, &o)
+            .unwrap_err()
+            .to_string();
+        for n in needles {
+            assert!(e.contains(n), "{o:?}: `{e}` should mention `{n}`");
+        }
+    }
+    assert!(
+        !out.exists(),
+        "a rejected run must not create the output folder"
+    );
 }
 
 fn bundled() -> &'static Path {

@@ -212,6 +212,7 @@ fn quantizing_a_multimodal_hub_folder_keeps_mtp_and_leaves_vision_out() {
         bits: 8,
         group_size: 32,
         keep_mtp_precision: true,
+        ..QuantizeOptions::default()
     };
     let r = quantize_folder(&src, &dst, &opts).unwrap();
     assert!(r.skipped > 0, "the vision tower is left out");
