@@ -17,7 +17,9 @@
 //! values of one width per head: absorbed for a few rows (W_uk folded into
 //! the query, W_uv applied after the weighted sum of latents), expanded per
 //! head from the cached latent for a long prefill chunk, whichever takes
-//! fewer multiply-adds (`MlaAttention::absorbs`).
+//! fewer multiply-adds (`MlaAttention::absorbs`). Either way a long chunk
+//! attends in blocks of query rows, so that its scores (`heads × L × S`)
+//! stay within `SCORE_BLOCK_BYTES` however long the context.
 
 use kvcache::{AttentionMask, Cache};
 use mlx_tensor::{Array, ops};
@@ -33,6 +35,26 @@ use crate::weights::Vars;
 /// The epsilon of `q_a_layernorm` and `kv_a_layernorm`: transformers builds
 /// both with its RMSNorm's default, not `rms_norm_eps` (and mlx-lm agrees).
 const LATENT_NORM_EPS: f32 = 1e-6;
+
+/// Bytes of f32 scores (`heads × rows × S × 4`) that one block of query
+/// rows may build in `MlaAttention::attend`. Whole, a prefill chunk's
+/// scores grow with the context: DeepSeek-V3 (128 heads) at 16k keys holds
+/// 17 GB for a 2048-row chunk. In blocks, a few score-sized arrays are
+/// alive at once (a block's rotary product, summed and biased scores and
+/// softmax, while the next block starts): `mla/tests.rs` measures 5 to 8
+/// budgets' worth on the CPU, so 1.25 to 2 GiB here, small beside the
+/// weights of any MLA model. A block still gives each product thousands of
+/// rows (DeepSeek-V3 at 16k keys: 32 rows × 128 heads), not a sliver that
+/// would leave a GPU idle between launches.
+const SCORE_BLOCK_BYTES: usize = 256 << 20;
+
+/// The fewest query rows of a block, whatever the budget: a decode step and
+/// a verify (up to [`mlx_tensor::ops::ROWS_MATMUL_MAX_ROWS`] rows, as
+/// [`rowwise`] counts them) stay one block at any context, so their graph
+/// and rounding are the unblocked ones. Past `budget / (rows · heads · 4)`
+/// keys (DeepSeek-V3: 16k) such a block exceeds [`SCORE_BLOCK_BYTES`], as
+/// its scores did before blocking.
+const MIN_BLOCK_ROWS: i32 = mlx_tensor::ops::ROWS_MATMUL_MAX_ROWS;
 
 /// Whether an absorbed attention of `rows` query rows runs row by row: on
 /// the CPU, where the rest of a verify (our rows kernels, up to
@@ -351,53 +373,23 @@ impl MlaAttention {
     /// `[1, 1, S, kv_lora]` and rotary keys `[1, 1, S, rope]`, returned
     /// `[1, heads, L, v]`: absorbed (W_uk folded into the query, W_uv applied
     /// to the attended latent) or over keys and values expanded per head.
-    /// The two are equal up to rounding; the softmax runs in f32.
+    /// The two are equal up to rounding; the softmax runs in f32. Query rows
+    /// go in blocks of at most [`SCORE_BLOCK_BYTES`] of scores.
     fn attend(
         &self,
-        (q_nope, q_pe): (&Array, &Array),
-        (latent, k_pe): (&Array, &Array),
+        q: (&Array, &Array),
+        kv: (&Array, &Array),
         bias: Option<&Array>,
         absorbed: bool,
     ) -> Result<Array> {
-        let (heads, l, s) = (self.heads, q_nope.dim(2), latent.dim(2));
-        let lora = latent.dim(3);
-        // The rotary part of the scores, for every head in one product.
-        let pe = q_pe
-            .reshape(&[1, 1, heads * l, q_pe.dim(3)])?
-            .matmul(&k_pe.swapaxes(-1, -2)?)?;
-        let softmax = |scores: Array| -> Result<Array> {
-            let scores = match bias {
-                Some(b) => scores.add(b)?,
-                None => scores,
-            };
-            Ok(scores.softmax(&[-1], true)?)
-        };
-        if absorbed {
-            // `q_nope · W_uk` scores against the latent itself; the weights
-            // then sum the latent, which `W_uv` turns into each head's value.
-            let q_lat = q_nope
-                .matmul(&self.w_uk)?
-                .reshape(&[1, 1, heads * l, lora])?;
-            let scores = pe
-                .addmm(&q_lat, &latent.swapaxes(-1, -2)?, 1.0, 1.0)?
-                .reshape(&[1, heads, l, s])?;
-            let p = softmax(scores)?.reshape(&[1, 1, heads * l, s])?;
-            Ok(p.matmul(latent)?
-                .reshape(&[1, heads, l, lora])?
-                .matmul(&self.w_uv.swapaxes(-1, -2)?)?)
-        } else {
-            // Each head's keys and values expanded from the latent, as
-            // transformers computes them.
-            let k_nope = latent.matmul(&self.w_uk.swapaxes(-1, -2)?)?;
-            let v = latent.matmul(&self.w_uv.swapaxes(-1, -2)?)?;
-            let scores = pe.reshape(&[1, heads, l, s])?.addmm(
-                q_nope,
-                &k_nope.swapaxes(-1, -2)?,
-                1.0,
-                1.0,
-            )?;
-            Ok(softmax(scores)?.matmul(&v)?)
-        }
+        attend_in_blocks(
+            (&self.w_uk, &self.w_uv),
+            q,
+            kv,
+            bias,
+            absorbed,
+            SCORE_BLOCK_BYTES,
+        )
     }
 
     /// Whether `rows` query rows attend in the absorbed form (the latent as
@@ -438,6 +430,175 @@ impl MlaAttention {
     }
 }
 
+/// `MlaAttention::attend` with the weights W_uk `[heads, nope, kv_lora]`
+/// and W_uv `[heads, v, kv_lora]` given, the query rows taken
+/// [`block_rows`] at a time for `score_bytes` and the blocks' outputs
+/// joined along the rows. What does not depend on the rows (the expanded
+/// keys and values, the transposes) is built once for all blocks, and each
+/// block is scheduled after the one before ([`after`]), so about one
+/// block's scores are alive at a time. A chunk that fits one block builds
+/// the unblocked graph, node for node.
+fn attend_in_blocks(
+    w: (&Array, &Array),
+    (q_nope, q_pe): (&Array, &Array),
+    (latent, k_pe): (&Array, &Array),
+    bias: Option<&Array>,
+    absorbed: bool,
+    score_bytes: usize,
+) -> Result<Array> {
+    let (l, s) = (q_nope.dim(2), latent.dim(2));
+    let keys = Keys::new(w, (latent, k_pe), absorbed)?;
+    let rows = block_rows(q_nope.dim(1), s, score_bytes);
+    if l <= rows {
+        return keys.attend(q_nope, q_pe, bias);
+    }
+    let mut blocks: Vec<Array> = Vec::with_capacity((l as usize).div_ceil(rows as usize));
+    for start in (0..l).step_by(rows as usize) {
+        let stop = (start + rows).min(l);
+        let q_pe = q_pe.slice_axis(2, start, stop)?;
+        // Every score-sized array of a block derives from its rotary
+        // product, so ordering `q_pe` after the previous block orders the
+        // whole block after it.
+        let q_pe = match blocks.last() {
+            Some(prev) => after(&q_pe, prev)?,
+            None => q_pe,
+        };
+        let bias = bias.map(|b| bias_rows(b, l, start, stop)).transpose()?;
+        blocks.push(keys.attend(&q_nope.slice_axis(2, start, stop)?, &q_pe, bias.as_ref())?);
+    }
+    Ok(ops::concatenate(&blocks, 2)?)
+}
+
+/// `a` `[1, heads, B, d]` unchanged in value, but scheduled after `prev`
+/// `[1, heads, B', v]`: a zero-size slice of `prev` joined to it along the
+/// rows. MLX orders an evaluation breadth-first, up to `MLX_BFS_MAX_WIDTH`
+/// (20) nodes wide, so blocks independent of each other would run about 20
+/// at a time with all of their scores alive; chained, a block's scores are
+/// freed (their consumers evaluated) before the next block's are built.
+fn after(a: &Array, prev: &Array) -> Result<Array> {
+    let nothing = prev
+        .slice_axis(2, 0, 0)?
+        .reshape(&[a.dim(0), a.dim(1), 0, a.dim(3)])?
+        .as_type(a.dtype())?;
+    Ok(ops::concatenate(&[nothing, a.clone()], 2)?)
+}
+
+/// Query rows per block: as many as keep `heads × rows × keys` f32 scores
+/// within `score_bytes`, and at least [`MIN_BLOCK_ROWS`].
+fn block_rows(heads: i32, keys: i32, score_bytes: usize) -> i32 {
+    let row = (heads.max(1) as usize) * (keys.max(1) as usize) * size_of::<f32>();
+    let rows = (score_bytes / row).min(i32::MAX as usize) as i32;
+    rows.max(MIN_BLOCK_ROWS)
+}
+
+/// Rows `start..stop` of a bias over `l` query rows: one `[.., L, S]` is
+/// cut along its row axis; one that broadcasts along the rows (a single
+/// row, or fewer than two axes) serves every block whole.
+fn bias_rows(bias: &Array, l: i32, start: i32, stop: i32) -> Result<Array> {
+    let n = bias.ndim() as i32;
+    if n >= 2 && bias.dim(n - 2) == l {
+        Ok(bias.slice_axis(n - 2, start, stop)?)
+    } else {
+        Ok(bias.clone())
+    }
+}
+
+/// The keys and values of one attention, in the form its scores take,
+/// built once for all of its query blocks.
+struct Keys<'a> {
+    /// The rotary keys, transposed: `[1, 1, rope, S]`.
+    k_pe_t: Array,
+    form: Form<'a>,
+}
+
+/// Which form [`Keys`] attends in.
+enum Form<'a> {
+    /// The latent `[1, 1, S, kv_lora]` as one shared key and value head;
+    /// W_uk folds into each query, W_uv (transposed) turns the attended
+    /// latent into values.
+    Absorbed {
+        latent: &'a Array,
+        latent_t: Array,
+        w_uk: &'a Array,
+        w_uv_t: Array,
+    },
+    /// Each head's keys (transposed, `[1, heads, nope, S]`) and values
+    /// (`[1, heads, S, v]`) expanded from the latent, as transformers
+    /// computes them.
+    Expanded { k_nope_t: Array, v: Array },
+}
+
+impl<'a> Keys<'a> {
+    fn new(
+        (w_uk, w_uv): (&'a Array, &'a Array),
+        (latent, k_pe): (&'a Array, &Array),
+        absorbed: bool,
+    ) -> Result<Keys<'a>> {
+        let form = if absorbed {
+            Form::Absorbed {
+                latent,
+                latent_t: latent.swapaxes(-1, -2)?,
+                w_uk,
+                w_uv_t: w_uv.swapaxes(-1, -2)?,
+            }
+        } else {
+            let k_nope = latent.matmul(&w_uk.swapaxes(-1, -2)?)?;
+            Form::Expanded {
+                k_nope_t: k_nope.swapaxes(-1, -2)?,
+                v: latent.matmul(&w_uv.swapaxes(-1, -2)?)?,
+            }
+        };
+        Ok(Keys {
+            k_pe_t: k_pe.swapaxes(-1, -2)?,
+            form,
+        })
+    }
+
+    /// Attention of the query rows `[1, heads, B, nope | rope]` under
+    /// `bias` (`[.., B, S]` or broadcastable to it): `[1, heads, B, v]`.
+    fn attend(&self, q_nope: &Array, q_pe: &Array, bias: Option<&Array>) -> Result<Array> {
+        let (heads, l, s) = (q_nope.dim(1), q_nope.dim(2), self.k_pe_t.dim(3));
+        // The rotary part of the scores, for every head in one product.
+        let pe = q_pe
+            .reshape(&[1, 1, heads * l, q_pe.dim(3)])?
+            .matmul(&self.k_pe_t)?;
+        let softmax = |scores: Array| -> Result<Array> {
+            let scores = match bias {
+                Some(b) => scores.add(b)?,
+                None => scores,
+            };
+            Ok(scores.softmax(&[-1], true)?)
+        };
+        match &self.form {
+            Form::Absorbed {
+                latent,
+                latent_t,
+                w_uk,
+                w_uv_t,
+            } => {
+                // `q_nope · W_uk` scores against the latent itself; the
+                // weights then sum the latent, which `W_uv` turns into each
+                // head's value.
+                let lora = latent.dim(3);
+                let q_lat = q_nope.matmul(w_uk)?.reshape(&[1, 1, heads * l, lora])?;
+                let scores = pe
+                    .addmm(&q_lat, latent_t, 1.0, 1.0)?
+                    .reshape(&[1, heads, l, s])?;
+                let p = softmax(scores)?.reshape(&[1, 1, heads * l, s])?;
+                Ok(p.matmul(latent)?
+                    .reshape(&[1, heads, l, lora])?
+                    .matmul(w_uv_t)?)
+            }
+            Form::Expanded { k_nope_t, v } => {
+                let scores = pe
+                    .reshape(&[1, heads, l, s])?
+                    .addmm(q_nope, k_nope_t, 1.0, 1.0)?;
+                Ok(softmax(scores)?.matmul(v)?)
+            }
+        }
+    }
+}
+
 /// The hub's `kv_b_proj` `[heads · (qk_nope + v), kv_lora]` (dense, or
 /// quantized and then dequantized) split into W_uk `[heads, qk_nope,
 /// kv_lora]` and W_uv `[heads, v, kv_lora]`: per head its key rows, then
@@ -474,3 +635,6 @@ fn split_kv_b(m: &MlaConfig, heads: usize, a: &mut Vars<'_>) -> Result<(Array, A
     let w_uv = take(a.pp("unembed_out"), v, lora)?;
     Ok((w_uk.contiguous()?, w_uv.contiguous()?))
 }
+
+#[cfg(test)]
+mod tests;
