@@ -13,6 +13,13 @@
 //! Run with `cargo xtask bench gemm` (a release build), or
 //! `cargo run --release -p mlx-tensor --example gemm -- [--rounds N] [--k K] [--n N] [--m 1,4,8] [--dtypes f32,bf16] [--weights N]`.
 //!
+//! `--fp mxfp4,mxfp8,nvfp4` adds, on the CPU, each of MLX's floating-point
+//! quantization modes of the `[n, k]` weights: `fp-qmm-MODE` (MLX's
+//! `quantized_matmul`, which runs each row of `x` through the whole weight)
+//! against `fp-deq-MODE` (the weight dequantized into f32 every round, then
+//! MLX's f32 matmul: the route `runner` takes for a prefill chunk, there in
+//! blocks of 16 MiB of f32 weight).
+//!
 //! `--keys S [--heads Hq,Hkv,D]` times the CPU attention instead
 //! (`"bench":"attention"`): `m` query rows over `S` cached keys
 //! (`ops::attention_rows_cpu_cached`), one cache per `--weights` (a layer
@@ -21,10 +28,14 @@
 use std::io::Write;
 use std::time::Instant;
 
+use mlx_tensor::ops::QuantMode;
 use mlx_tensor::{Array, Dtype, Result, random};
 
 /// A quantized weight: codes, scales, biases.
 type Packed = (Array, Array, Array);
+
+/// The weights in one floating-point mode: codes and uint8 scales each.
+type FpPacked = (QuantMode, Vec<(Array, Array)>);
 
 struct Options {
     rounds: usize,
@@ -40,6 +51,8 @@ struct Options {
     keys: Option<i32>,
     /// Query heads, KV heads and head width of `--keys`.
     heads: (i32, i32, i32),
+    /// Floating-point quantization modes to time on the CPU (`--fp`).
+    fp: Vec<QuantMode>,
 }
 
 fn parse() -> std::result::Result<Options, String> {
@@ -52,6 +65,7 @@ fn parse() -> std::result::Result<Options, String> {
         weights: 1,
         keys: None,
         heads: (16, 8, 64),
+        fp: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -73,6 +87,15 @@ fn parse() -> std::result::Result<Options, String> {
                 };
                 o.heads = (hq, hkv, d);
             }
+            "--fp" => {
+                o.fp = value
+                    .split(',')
+                    .map(|m| match QuantMode::from_name(m) {
+                        Some(mode) if mode.fixed().is_some() => Ok(mode),
+                        _ => Err(format!("--fp {m}: use mxfp4, mxfp8 or nvfp4")),
+                    })
+                    .collect::<std::result::Result<_, _>>()?
+            }
             "--m" => {
                 o.ms = value
                     .split(',')
@@ -92,7 +115,7 @@ fn parse() -> std::result::Result<Options, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown option {other}; options: --rounds --k --n --m --dtypes --weights --keys --heads"
+                    "unknown option {other}; options: --rounds --k --n --m --dtypes --weights --keys --heads --fp"
                 ));
             }
         }
@@ -167,6 +190,45 @@ fn attention(o: &Options, keys: i32, out: &mut impl Write) -> Result<()> {
     Ok(())
 }
 
+/// `x @ W.T` for each floating-point-quantized `W` in `q`, evaluated
+/// together: MLX's `quantized_matmul` (`qmm`), or `W` dequantized into f32
+/// and MLX's f32 matmul, the product rounded back to `x`'s dtype.
+fn fp_product(x: &Array, q: &[(Array, Array)], mode: QuantMode, qmm: bool) -> Result<()> {
+    let (g, b) = mode.fixed().expect("an fp mode");
+    let outs = q
+        .iter()
+        .map(|(w, s)| {
+            if qmm {
+                return mlx_tensor::ops::quantized_matmul_mode(x, w, s, None, true, g, b, mode);
+            }
+            let w = mlx_tensor::ops::dequantize_mode(w, s, None, g, b, mode, Dtype::Float32)?;
+            x.as_type(Dtype::Float32)?
+                .matmul(&w.t()?)?
+                .as_type(x.dtype())
+        })
+        .collect::<Result<Vec<_>>>()?;
+    mlx_tensor::eval(&outs)
+}
+
+/// The `[n, k]` weights (`ws`' second half, present on the CPU only) in
+/// each `--fp` mode: codes and uint8 scales, evaluated.
+fn fp_weights(modes: &[QuantMode], ws: &[(Array, Option<Array>)]) -> Result<Vec<FpPacked>> {
+    let mut fps = Vec::new();
+    for &mode in modes {
+        let (g, b) = mode.fixed().expect("parse keeps fp modes only");
+        let mut v = Vec::with_capacity(ws.len());
+        for w_rows in ws.iter().filter_map(|(_, w)| w.as_ref()) {
+            let (q, s, _) = w_rows.quantize_mode(g, b, mode)?;
+            mlx_tensor::eval(&[q.clone(), s.clone()])?;
+            v.push((q, s));
+        }
+        if !v.is_empty() {
+            fps.push((mode, v));
+        }
+    }
+    Ok(fps)
+}
+
 /// One result line of a product case.
 fn gemm_line(o: &Options, kernel: &str, dtype: Dtype, m: i32, us: f64) -> String {
     format!(
@@ -178,6 +240,7 @@ fn gemm_line(o: &Options, kernel: &str, dtype: Dtype, m: i32, us: f64) -> String
     )
 }
 
+// Long: one loop over dtypes and row counts that times every kernel's case in turn.
 fn main() -> Result<()> {
     let o = match parse() {
         Ok(o) => o,
@@ -227,6 +290,7 @@ fn main() -> Result<()> {
                 qs.push((bits, v));
             }
         }
+        let fps = fp_weights(&o.fp, &ws)?;
         for &m in &o.ms {
             let x = random::normal(&[m, o.k], Dtype::Float32, &random::key(m as u64)?)?
                 .as_type(dtype)?;
@@ -274,6 +338,13 @@ fn main() -> Result<()> {
                     };
                     let us = median_us(o.rounds, product)?;
                     let kernel = format!("{kernel}-{bits}");
+                    let _ = writeln!(out, "{}", gemm_line(&o, &kernel, dtype, m, us));
+                }
+            }
+            for (mode, q) in &fps {
+                for kernel in ["fp-qmm", "fp-deq"] {
+                    let us = median_us(o.rounds, || fp_product(&x, q, *mode, kernel == "fp-qmm"))?;
+                    let kernel = format!("{kernel}-{}", mode.name());
                     let _ = writeln!(out, "{}", gemm_line(&o, &kernel, dtype, m, us));
                 }
             }

@@ -79,6 +79,8 @@ mod out_dir;
 mod seeded;
 // Per-thread measurement switches (kernels, round profiling) read from the environment.
 mod switch;
+// Evaluation order of lazy graphs built in blocks.
+mod schedule;
 // Text utilities with no model state.
 mod detok;
 mod stop;

@@ -326,12 +326,19 @@ impl QuantizedTensor {
         })
     }
 
-    /// `x @ W.T` for `x` of shape `[..., in]`, without materialising `W`:
-    /// on the CPU for 4- or 8-bit affine codes, our few-rows kernel (see
-    /// [`cpu_rows_take`]; more rows than it takes, a prefill chunk, in
-    /// slices of [`ops::ROWS_MATMUL_MAX_ROWS`] rows), else MLX's
-    /// `quantized_matmul` (every mode, on every backend).
+    /// `x @ W.T` for `x` of shape `[..., in]`. On the CPU, 4- or 8-bit
+    /// affine codes go to our few-rows kernel (see [`cpu_rows_take`]; more
+    /// rows than it takes, a prefill chunk, in slices of
+    /// [`ops::ROWS_MATMUL_MAX_ROWS`] rows) and a floating-point mode's
+    /// product of at least [`FP_DENSE_MIN_ROWS`] rows to the dense product
+    /// on `W` dequantized a block at a time
+    /// ([`QuantizedTensor::dense_matmul_t`]); everything else, and every
+    /// product on a GPU, to MLX's `quantized_matmul`, which never
+    /// materialises `W`.
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
+        if cpu_fp_dense(x, self) {
+            return self.dense_matmul_t(x, dense_block_rows(x.dim(-1), FP_DENSE_BLOCK_BYTES));
+        }
         if let (Some(rows), Some(biases)) = (cpu_rows_take(x, self), &self.biases) {
             let product = |x: &Array| {
                 ops::quant_rows_matmul_t(
@@ -369,6 +376,40 @@ impl QuantizedTensor {
         )?)
     }
 
+    /// `x @ W.T` for `x` of shape `[..., in]` through MLX's f32 matmul
+    /// (OpenBLAS on the CPU): `W` (2-D) dequantized into f32 `block_rows`
+    /// output rows at a time, each block multiplied by `x` widened to f32,
+    /// the blocks' products joined along the last axis and rounded once to
+    /// `x`'s dtype. Each block's codes and scales are scheduled after the
+    /// previous block's product ([`crate::schedule::after`]), so the f32
+    /// transient is a few blocks' worth however large `W` is (see
+    /// [`FP_DENSE_BLOCK_BYTES`]). `matmul_t` takes this path for a long
+    /// floating-point-mode product on the CPU ([`FP_DENSE_MIN_ROWS`]);
+    /// `block_rows` is a parameter so that tests can force uneven blocks.
+    pub fn dense_matmul_t(&self, x: &Array, block_rows: i32) -> Result<Array> {
+        assert!(
+            block_rows >= 1 && self.weight.ndim() == 2,
+            "dense_matmul_t: {block_rows} rows a block of a rank-{} weight",
+            self.weight.ndim()
+        );
+        let out = self.weight.dim(0);
+        let xf = x.as_type(Dtype::Float32)?;
+        let mut blocks: Vec<Array> = Vec::with_capacity((out / block_rows + 1) as usize);
+        for start in (0..out).step_by(block_rows as usize) {
+            let stop = (start + block_rows).min(out);
+            let mut part = self.map(|a| {
+                let a = a.slice_axis(0, start, stop)?;
+                match blocks.last() {
+                    Some(prev) => crate::schedule::after(&a, prev, 0),
+                    None => Ok(a),
+                }
+            })?;
+            part.dtype = Dtype::Float32;
+            blocks.push(xf.matmul(&part.dequantize()?.t()?)?);
+        }
+        Ok(ops::concatenate(&blocks, -1)?.as_type(x.dtype())?)
+    }
+
     /// Rows `indices` of `W`, dequantized: an embedding lookup.
     pub fn rows(&self, indices: &Array) -> Result<Array> {
         self.map(|a| Ok(a.take(indices, 0)?))?.dequantize()
@@ -404,6 +445,71 @@ thread_local! {
 /// products (default on, unless `MTP_CPU_QROWS=0`): for measurement.
 pub fn set_cpu_quant_rows(on: bool) {
     crate::switch::set(&CPU_QROWS, on);
+}
+
+/// The fewest rows of `x` for which [`QuantizedTensor::matmul_t`] in a
+/// floating-point mode (mxfp4, mxfp8, nvfp4) on the CPU dequantizes `W`
+/// and multiplies densely ([`QuantizedTensor::dense_matmul_t`]) instead of
+/// calling MLX's `quantized_matmul`.
+///
+/// Why: MLX's CPU `quantized_matmul` runs each row of `x` through the whole
+/// weight on its own, and in these modes decodes every code again for every
+/// row, so a prefill chunk costs its rows times a one-row step: tiny-mtp's
+/// 802-token prompt took 10.9 s (mxfp4), 47.2 s (mxfp8) and 11.1 s (nvfp4)
+/// to its first token against 0.45 s in f32; dense, 0.79 / 0.76 / 0.69 s
+/// (`generate --json --speculative off`, medians of 3). Dequantizing costs
+/// about one pass over the weight whatever the rows (MLX's fp4 decoding, a
+/// table gather, about 14 ns a weight; fp8 about 4), then OpenBLAS
+/// multiplies at its f32 rate. Measured (`examples/gemm.rs --fp`, 2-core
+/// x86-64, median ms, MLX's `quantized_matmul` against dequantize + f32
+/// matmul), a 1,536 × 512 weight: mxfp4 8 / 24 / 32 / 128 rows 2.8 / 13.0
+/// / 18.1 / 71.0 against 7.3 / 12.8 / 12.3 / 12.1; nvfp4 3.0 / 15.4 / 19.8
+/// / 46.7 against 7.6 / 11.9 / 11.5 / 10.7; mxfp8 1 / 8 rows 2.6 / 12.6
+/// against 3.3 / 2.3. A 32,000 × 512 weight, 32 rows: mxfp4 372 against
+/// 330, nvfp4 431 against 336. The threshold sits just above the rows a
+/// decode step, a verify or a draft step takes (up to
+/// [`ops::ROWS_MATMUL_MAX_ROWS`]), in every mode: those keep MLX's per-row
+/// kernel, whose rows do not depend on each other, so a verify row still
+/// equals the one-row step's product bit for bit (mxfp8 would be faster
+/// dense from 2 rows, but a dense verify row would not be).
+const FP_DENSE_MIN_ROWS: i32 = ops::ROWS_MATMUL_MAX_ROWS + 1;
+
+/// The most bytes of f32 weight one block of a dense floating-point-mode
+/// product dequantizes ([`QuantizedTensor::dense_matmul_t`]).
+///
+/// Why: whole, a large matrix's f32 copy would be a transient of its own
+/// size per product (a 151,936 × 4,096 lm_head: 2.5 GB, against 0.3 GB in
+/// mxfp4), and MLX's fp4 dequantization builds temporaries of about 2.3
+/// times that. In blocks, each scheduled after the one before, the
+/// transient stops growing with the matrix. Peak memory of one product in
+/// mxfp4 with 16 MiB blocks, its output included: 64 rows through a 65,536
+/// or 131,072 × 1,024 weight 141 / 157 MiB (552 / 702 MiB with the blocks
+/// unchained, which MLX's breadth-first order runs side by side); 128 rows
+/// through 16,384 × 4,096, 125 MiB. Beyond the output it is about 7
+/// blocks' bytes in fp4 and 5 in fp8 at every block size tried (8 to 64
+/// MiB): MLX's CPU stream runs a few blocks ahead. Larger blocks were no
+/// faster (16,384 × 4,096, 128 rows: 1.26 s at 16 MiB, 1.22 s at 64 MiB,
+/// within this 2-core host's noise).
+const FP_DENSE_BLOCK_BYTES: usize = 16 << 20;
+
+/// Output rows per block of [`QuantizedTensor::dense_matmul_t`]: as many
+/// `inputs`-wide f32 rows as fit `block_bytes`, at least one.
+fn dense_block_rows(inputs: i32, block_bytes: usize) -> i32 {
+    let row = (inputs.max(1) as usize) * size_of::<f32>();
+    (block_bytes / row).clamp(1, i32::MAX as usize) as i32
+}
+
+/// Whether `x @ q.W.T` goes to [`QuantizedTensor::dense_matmul_t`]: on a
+/// CPU default device, a floating-point mode, a 2-D weight, a float `x` of
+/// at least [`FP_DENSE_MIN_ROWS`] rows (see there for why).
+fn cpu_fp_dense(x: &Array, q: &QuantizedTensor) -> bool {
+    let k = if x.ndim() >= 1 { x.dim(-1) } else { 0 };
+    k > 0
+        && q.params.mode != QuantMode::Affine
+        && q.weight.ndim() == 2
+        && x.size() / k as usize >= FP_DENSE_MIN_ROWS as usize
+        && matches!(x.dtype(), Dtype::Float32 | Dtype::Bfloat16 | Dtype::Float16)
+        && mlx_tensor::default_device() == mlx_tensor::Device::Cpu
 }
 
 /// The row count of `x` when `x @ q.W.T` goes to

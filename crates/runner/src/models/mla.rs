@@ -30,6 +30,7 @@ use crate::error::Result;
 use crate::models::layers::{Linear, LinearLayout, RmsNorm, linear, rms_norm};
 use crate::models::rope::Rope;
 use crate::models::sdpa;
+use crate::schedule;
 use crate::weights::Vars;
 
 /// The epsilon of `q_a_layernorm` and `kv_a_layernorm`: transformers builds
@@ -435,7 +436,7 @@ impl MlaAttention {
 /// [`block_rows`] at a time for `score_bytes` and the blocks' outputs
 /// joined along the rows. What does not depend on the rows (the expanded
 /// keys and values, the transposes) is built once for all blocks, and each
-/// block is scheduled after the one before ([`after`]), so about one
+/// block is scheduled after the one before ([`schedule::after`]), so about one
 /// block's scores are alive at a time. A chunk that fits one block builds
 /// the unblocked graph, node for node.
 fn attend_in_blocks(
@@ -460,27 +461,13 @@ fn attend_in_blocks(
         // product, so ordering `q_pe` after the previous block orders the
         // whole block after it.
         let q_pe = match blocks.last() {
-            Some(prev) => after(&q_pe, prev)?,
+            Some(prev) => schedule::after(&q_pe, prev, 2)?,
             None => q_pe,
         };
         let bias = bias.map(|b| bias_rows(b, l, start, stop)).transpose()?;
         blocks.push(keys.attend(&q_nope.slice_axis(2, start, stop)?, &q_pe, bias.as_ref())?);
     }
     Ok(ops::concatenate(&blocks, 2)?)
-}
-
-/// `a` `[1, heads, B, d]` unchanged in value, but scheduled after `prev`
-/// `[1, heads, B', v]`: a zero-size slice of `prev` joined to it along the
-/// rows. MLX orders an evaluation breadth-first, up to `MLX_BFS_MAX_WIDTH`
-/// (20) nodes wide, so blocks independent of each other would run about 20
-/// at a time with all of their scores alive; chained, a block's scores are
-/// freed (their consumers evaluated) before the next block's are built.
-fn after(a: &Array, prev: &Array) -> Result<Array> {
-    let nothing = prev
-        .slice_axis(2, 0, 0)?
-        .reshape(&[a.dim(0), a.dim(1), 0, a.dim(3)])?
-        .as_type(a.dtype())?;
-    Ok(ops::concatenate(&[nothing, a.clone()], 2)?)
 }
 
 /// Query rows per block: as many as keep `heads × rows × keys` f32 scores

@@ -719,6 +719,118 @@ fn fp_params(mode: QuantMode) -> QuantParams {
     }
 }
 
+/// The lazy graph of `a` as primitive name → node count.
+fn census(a: &Array) -> BTreeMap<String, usize> {
+    a.pending_census()
+        .lines()
+        .map(|l| {
+            let (name, n) = l.rsplit_once(' ').expect("`Name count` lines");
+            (name.to_owned(), n.parse().expect("a count"))
+        })
+        .collect()
+}
+
+/// A floating-point-mode product of more rows than a step or a verify
+/// takes, the CPU's dense route (`W` dequantized into f32 a block of output
+/// rows at a time, MLX's f32 matmul, the blocks joined along the last
+/// axis), equals `x @ W.T` on the dequantized matrix, in every mode: through
+/// `dense_matmul_t` in blocks of 16 of 50 output rows (16 + 16 + 16 + 2,
+/// one matmul node each) and through `matmul_t` as routed. f32, inputs of
+/// order 1, 64 products per output: tolerance 1e-5 of the largest output
+/// (the same f32 math in OpenBLAS's order; measured 2.6e-7 in blocks, 0 in
+/// one block). A bf16 input gives a bf16 product within bf16 rounding of
+/// the f32 one (half an ulp, 2^-8 of the largest output; measured 2.0e-3
+/// of it; MLX's bf16 `quantized_matmul`, the route before, misses it:
+/// 8.5e-3 in mxfp4).
+#[test]
+fn fp_products_of_many_rows_equal_the_dense_product_on_the_dequantized_weight() {
+    let key = mlx_tensor::random::key(11).unwrap();
+    let dense = mlx_tensor::random::normal(&[50, 64], Dtype::Float32, &key).unwrap();
+    let rows = ops::ROWS_MATMUL_MAX_ROWS * 2 + 6;
+    let x = mlx_tensor::random::normal(&[1, rows, 64], Dtype::Float32, &key).unwrap();
+    x.eval().unwrap();
+    for mode in [QuantMode::Mxfp4, QuantMode::Mxfp8, QuantMode::Nvfp4] {
+        let case = mode.name();
+        let q = runner::testing::QuantizedTensor::quantize(&dense, fp_params(mode)).unwrap();
+        mlx_tensor::eval(&q.arrays()).unwrap();
+        let want = x.matmul(&q.dequantize().unwrap().t().unwrap()).unwrap();
+        let want = want.to_vec::<f32>().unwrap();
+        let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert!(
+            scale > 1.0,
+            "{case}: outputs of order 1 expected, max {scale}"
+        );
+        let blocked = q.dense_matmul_t(&x, 16).unwrap();
+        assert_eq!(
+            census(&blocked).get("Matmul"),
+            Some(&4),
+            "{case}: one per block"
+        );
+        let routed = q.matmul_t(&x).unwrap();
+        for (path, got) in [("blocks of 16", blocked), ("matmul_t", routed)] {
+            assert_eq!(got.shape().to_vec(), vec![1, rows, 50], "{case}, {path}");
+            assert_eq!(got.dtype(), Dtype::Float32, "{case}, {path}");
+            let d = common::max_abs_diff(&got.to_vec::<f32>().unwrap(), &want);
+            assert!(d <= 1e-5 * scale, "{case}, {path}: {d} against {scale}");
+        }
+        let half = x.as_type(Dtype::Bfloat16).unwrap();
+        let got = q.matmul_t(&half).unwrap();
+        assert_eq!(got.dtype(), Dtype::Bfloat16, "{case}: the input's dtype");
+        let want = half
+            .as_type(Dtype::Float32)
+            .unwrap()
+            .matmul(&q.dequantize().unwrap().t().unwrap())
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let got = got
+            .as_type(Dtype::Float32)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let d = common::max_abs_diff(&got, &want);
+        assert!(d <= scale / 256.0, "{case}, bf16: {d} against {scale}");
+    }
+}
+
+/// Which kernel a product takes, read from its lazy graph (no timing). On
+/// the CPU a floating-point mode keeps MLX's `quantized_matmul` up to
+/// `ROWS_MATMUL_MAX_ROWS` rows (a step, a verify, a draft: their rows do
+/// not depend on each other there) and from one row more (a prefill chunk)
+/// takes the dense product: a `Matmul` node and no `QuantizedMatmul`. An
+/// affine product of as many rows never goes dense (our rows kernel on the
+/// CPU). On a GPU every floating-point product keeps MLX's kernel.
+#[test]
+fn long_floating_point_products_on_the_cpu_go_dense() {
+    let key = mlx_tensor::random::key(12).unwrap();
+    let dense = mlx_tensor::random::normal(&[48, 64], Dtype::Float32, &key).unwrap();
+    let few = ops::ROWS_MATMUL_MAX_ROWS;
+    let cpu = mlx_tensor::default_device() == mlx_tensor::Device::Cpu;
+    for params in [
+        fp_params(QuantMode::Mxfp4),
+        fp_params(QuantMode::Mxfp8),
+        fp_params(QuantMode::Nvfp4),
+        QuantParams::affine(64, 4),
+    ] {
+        let q = runner::testing::QuantizedTensor::quantize(&dense, params).unwrap();
+        mlx_tensor::eval(&q.arrays()).unwrap();
+        for rows in [1, few, few + 1, 200] {
+            let case = format!("{} bits {}, {rows} rows", params.mode.name(), params.bits);
+            let x = mlx_tensor::random::normal(&[rows, 64], Dtype::Float32, &key).unwrap();
+            x.eval().unwrap();
+            let nodes = census(&q.matmul_t(&x).unwrap());
+            let dense_route = nodes.contains_key("Matmul");
+            let mlx_kernel = nodes.contains_key("QuantizedMatmul");
+            let fp = params.mode != QuantMode::Affine;
+            let want_dense = cpu && fp && rows > few;
+            assert_eq!(dense_route, want_dense, "{case}: {nodes:?}");
+            if fp {
+                assert_eq!(mlx_kernel, !want_dense, "{case}: {nodes:?}");
+            }
+        }
+    }
+}
+
 /// An mlx-lm mxfp4 checkpoint (uint8 scales, no biases) whose config names
 /// the wrong mode is refused naming the tensor and the mode, not read as
 /// garbage: as affine (the scales' dtype), and a stray `.biases` in fp mode.
