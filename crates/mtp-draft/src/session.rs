@@ -173,6 +173,11 @@ impl<'d, H: DraftHead> DraftSession<'d, H> {
     /// span's catch-up instead of a flush of the whole stretch, whose spans
     /// each wait for the device (see [`DraftSession::flush`]). A no-op for a
     /// cacheless head.
+    ///
+    /// Short of a span, the buffered runs are joined into one
+    /// ([`Pending::compact`], also without waiting), so the flush that ends
+    /// the stretch is the same sequence of device operations whatever the
+    /// stretch's length.
     pub fn flush_ready(&mut self) -> Result<()> {
         if !self.cached {
             return Ok(());
@@ -183,6 +188,8 @@ impl<'d, H: DraftHead> DraftSession<'d, H> {
             .clamp(1, PENDING_FLUSH_PAIRS);
         if self.pending.count() >= span {
             self.flush()?;
+        } else {
+            self.pending.compact()?;
         }
         Ok(())
     }
@@ -239,12 +246,16 @@ impl<'d, H: DraftHead> DraftSession<'d, H> {
         let at = self.committed_offset;
         let rows = self.head.flush_rows(m).max(m);
         if rows > m {
-            // Padding: copies of the last pair, rewound after the forward.
+            // Padding: copies of the last pair, rewound after the forward,
+            // as one broadcast block, so the padded input is the same two
+            // joined parts whatever `m` (a part per copy made each `m` a
+            // new sequence of device operations).
             let repeat = |a: &Array| -> Result<Array> {
                 let last = a.slice_axis(0, m as i32 - 1, m as i32)?;
-                let mut parts = vec![a.clone()];
-                parts.extend(std::iter::repeat_n(last, rows - m));
-                Ok(ops::concatenate(&parts, 0)?)
+                let mut shape = a.shape().to_vec();
+                shape[0] = (rows - m) as i32;
+                let pad = last.broadcast_to(&shape)?;
+                Ok(ops::concatenate(&[a.clone(), pad], 0)?)
             };
             let out = self.head.forward(&repeat(ids)?, &repeat(hiddens)?, at)?;
             check_output(&out, rows)?;
