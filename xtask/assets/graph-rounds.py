@@ -3,16 +3,21 @@
 gpu-ab.sh run (RUST_LOG=runner::depth=trace lines in its ab.log), by wall-clock time, and prints per variant,
 round kind (plain, drafted, catch-up) and depth: rounds, median and mean ms, and the instantiations a round.
 
-usage: graph-rounds.py AB_LOG DIR   (DIR holds the graphs-LABEL.PID files)"""
-import sys, glob, re, datetime, bisect, statistics as st
-log, gdir = sys.argv[1], sys.argv[2]
+usage: graph-rounds.py AB_LOG 'GLOB'   (GLOB matches graph-trace.c's files; either may be .xz)"""
+import sys, glob, re, datetime, bisect, lzma, statistics as st
+log, pattern = sys.argv[1], sys.argv[2]
+
+
+def lines(path):
+    return lzma.open(path, 'rt', errors='replace') if path.endswith('.xz') else open(path, errors='replace')
+
 ts_re = re.compile(r'^(\S+Z) TRACE runner::depth: round( \(untimed\))? drafted=(\d+) accepted=(\d+)(?: ms=([\d.]+) catch_up=(\w+))?')
 def ns(t):
     d = datetime.datetime.strptime(t[:26], '%Y-%m-%dT%H:%M:%S.%f').replace(tzinfo=datetime.timezone.utc)
     return int(d.timestamp()) * 10**9 + d.microsecond * 1000
 rounds = []  # (start, end, drafted, catch_up, ms, plain_before, label)
 label = None; plain = 0
-for line in open(log, errors='replace'):
+for line in lines(log):
     if line.startswith('gpu-ab: round'):
         label = line.split()[4]; plain = 0; continue
     m = ts_re.match(line)
@@ -24,8 +29,8 @@ for line in open(log, errors='replace'):
     ms = float(m.group(5)); cu = m.group(6) == 'true'
     rounds.append((end - int(ms * 1e6), end, drafted, cu, ms, plain, label)); plain = 0
 ev = []
-for f in glob.glob(gdir + '/graphs-*'):
-    for l in open(f):
+for f in glob.glob(pattern):
+    for l in lines(f):
         s, d, fn, n, rc = l.rstrip('\n').split('\t')
         ev.append((int(s), int(d), fn, int(n), int(rc)))
 ev.sort()
