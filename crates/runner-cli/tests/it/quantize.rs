@@ -11,28 +11,20 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// `quantize --json` of `src` into `out` with `extra` options, its summary parsed.
+fn quantize_json(src: &Path, out: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["quantize", "--model", s(src), "--out", s(out), "--json"];
+    args.extend_from_slice(extra);
+    let o = check(&args, 0, &[]);
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
 #[test]
 fn quantized_folder_generates_and_json_summary_counts_matrices() {
     let src = fixture(&Fixture::new(Arch::Qwen3));
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("q8");
-    let o = check(
-        &[
-            "quantize",
-            "--model",
-            s(src.path()),
-            "--out",
-            s(&out),
-            "--bits",
-            "8",
-            "--group-size",
-            "32",
-            "--json",
-        ],
-        0,
-        &[],
-    );
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = quantize_json(src.path(), &out, &["--bits", "8", "--group-size", "32"]);
     // Qwen3 fixture, tied: 2 layers × 7 linears + the embedding.
     assert_eq!(v["quantized"], 15, "{v}");
     assert_eq!(v["bits"], 8);
@@ -58,21 +50,7 @@ fn quantized_folder_generates_and_json_summary_counts_matrices() {
     assert!(g["generated_tokens"].as_u64().unwrap() >= 1, "{g}");
     // A floating-point mode takes its own bits and group size.
     let out = tmp.path().join("nvfp4");
-    let o = check(
-        &[
-            "quantize",
-            "--model",
-            s(src.path()),
-            "--out",
-            s(&out),
-            "--mode",
-            "nvfp4",
-            "--json",
-        ],
-        0,
-        &[],
-    );
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = quantize_json(src.path(), &out, &["--mode", "nvfp4"]);
     assert_eq!(
         (&v["mode"], &v["bits"], &v["group_size"]),
         (&"nvfp4".into(), &4.into(), &16.into()),
