@@ -175,7 +175,7 @@ impl<'d, H: DraftHead> DraftSession<'d, H> {
     /// cacheless head.
     ///
     /// Short of a span, the buffered runs are joined into one
-    /// ([`Pending::compact`], also without waiting), so the flush that ends
+    /// (`Pending::compact`, also without waiting), so the flush that ends
     /// the stretch is the same sequence of device operations whatever the
     /// stretch's length.
     pub fn flush_ready(&mut self) -> Result<()> {
