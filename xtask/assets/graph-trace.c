@@ -4,9 +4,15 @@
 // session 38) to $GRAPH_TRACE_OUT.<pid>, one tab-separated line each:
 //   start (ns, CLOCK_REALTIME, the clock of our tracing's timestamps)  duration (ns)  function
 //   nodes (of the graph instantiated; 0 for an update)  CUresult (non-zero: an update failed)
-// through CUPTI's callback API on the driver domain. Built on the device like cupti-trace.c:
+// through CUPTI's callback API on the driver domain. Built on the device like cupti-trace.c, with
+// a stub for the one header the pip CUDA headers lack (only its macros are needed here):
+//   mkdir -p /tmp/stub/crt && printf '#define __device_builtin__\n#define __device_builtin_texture_type__\n
+//     #define __device_builtin_surface_type__\n#define __cudart_builtin__\n#define __host__\n#define __device__\n
+//     #define __align__(n) __attribute__((aligned(n)))\n#define CUDARTAPI\n#define __builtin_align__(a) __align__(a)\n
+//     #define __location__(a) __##a\n#define __cuda_align__(n) __align__(n)\n' > /tmp/stub/crt/host_defines.h
+//     (one printf command; the line breaks here are only for width)
 //   NV=/opt/torch/.venv/lib/python3.12/site-packages/nvidia
-//   gcc -shared -fPIC -O2 -I$NV/cu13/include xtask/assets/graph-trace.c -o /tmp/libgraph.so
+//   gcc -shared -fPIC -O2 -I/tmp/stub -I$NV/cu13/include xtask/assets/graph-trace.c -o /tmp/libgraph.so
 //       $(ls $NV/cu13/lib/libcupti.so* | head -1) -Wl,-rpath,$NV/cu13/lib -ldl  (one line)
 //   GRAPH_TRACE_OUT=/tmp/graphs LD_PRELOAD=/tmp/libgraph.so .../scale-bench ...
 #include <cupti.h>
