@@ -51,7 +51,7 @@ pub(crate) enum Command {
     Generate(GenerateArgs),
     /// Describe a model folder without loading its weights.
     Info(InfoArgs),
-    /// Write an MLX affine-quantized (4- or 8-bit) copy of a model folder.
+    /// Write an MLX-quantized copy of a model folder (affine 4- or 8-bit, mxfp4, mxfp8 or nvfp4).
     #[command(after_help = crate::quantize::AFTER_HELP)]
     Quantize(crate::quantize::QuantizeArgs),
     /// Chat with a model over several turns (interactive, or --script FILE).
