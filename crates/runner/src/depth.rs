@@ -18,8 +18,10 @@
 //! `E[committed | d] = 1 + Σ_{j≤d} Π_{i≤j} a_i` (the bonus or replacement
 //! token always commits), so speculation switches itself off when it does not
 //! pay. Every few rounds it probes a neighbour of the best depth (one deeper,
-//! then one shallower; from plain, the drafting depth the model rates best)
-//! so stale estimates get refreshed; a probe of a depth with fewer than three
+//! then one shallower; from plain, the drafting depth the model rates best;
+//! from a drafting depth, plain once its samples are [`PLAIN_STALE_ROUNDS`]
+//! old and it is not far behind, for five timed tokens) so stale estimates
+//! get refreshed; a probe of a depth with fewer than three
 //! cost samples runs until it has three, so one dear round (a first use of
 //! the depth's shapes on a GPU) does not stand for the depth; the interval doubles
 //! while probes leave the choice alone and resets when the choice moves (a
@@ -71,6 +73,18 @@ const STALL_FACTOR: f64 = 3.0;
 /// depth's only sample, fix the cost line's slope through it, and keep
 /// every deeper depth condemned for the rest of the request.
 const FIRST_STALL_FACTOR: f64 = 1.5;
+/// Rounds after which plain's cost samples are stale while drafting is the
+/// choice: the next shallower probe then measures plain for six rounds (five
+/// timed tokens, most of a cost window) instead of probing one shallower. Plain is
+/// otherwise sampled only while it is the choice, and a fresh process's
+/// first plain tokens (1.0-1.4 ms against 0.80 at its median on an H100,
+/// tiny-mtp f32, shapes still being built) stood for plain from then on:
+/// auto drafted at depth 2 for the rest of the process, at 0.77 × plain.
+const PLAIN_STALE_ROUNDS: u64 = 2 * PROBE_MAX;
+/// Only while plain's modelled throughput is at least this share of the
+/// best depth's: where drafting is far ahead (2× plain at the 8B shape), a
+/// refresh of plain would cost about 4 % of the rounds for nothing.
+const PLAIN_STALE_NEAR: f64 = 0.75;
 /// Rounds between probes right after the choice moved, and the cap the
 /// interval doubles up to while probes leave it alone.
 const PROBE_MIN: u64 = 8;
@@ -102,6 +116,9 @@ pub(crate) struct Learned {
     /// The probe interval reached: a settled choice stays settled, rather
     /// than each request probing again after [`PROBE_MIN`] rounds.
     probe_every: u64,
+    /// Rounds recorded, and the round of plain's newest cost sample.
+    rounds: u64,
+    plain_at: u64,
 }
 
 /// Why a depth was chosen (logged with each decision).
@@ -137,6 +154,10 @@ pub(crate) struct DepthController {
     plain_run: usize,
     /// `held[d]`: the last depth-`d` round was held back as a stall.
     held: Vec<bool>,
+    /// Rounds recorded (over the session's requests), and the round of
+    /// plain's newest cost sample.
+    rounds: u64,
+    plain_at: u64,
 }
 
 impl DepthController {
@@ -154,6 +175,8 @@ impl DepthController {
             d.cost = l.cost.clone();
             d.best = l.best;
             d.probe_every = l.probe_every;
+            d.rounds = l.rounds;
+            d.plain_at = l.plain_at;
         }
         d
     }
@@ -167,6 +190,8 @@ impl DepthController {
             cost: self.cost.clone(),
             best: self.best,
             probe_every: self.probe_every,
+            rounds: self.rounds,
+            plain_at: self.plain_at,
         })
     }
 
@@ -189,6 +214,8 @@ impl DepthController {
             last: None,
             plain_run: 0,
             held: vec![false; max + 1],
+            rounds: 0,
+            plain_at: 0,
         }
     }
 
@@ -262,6 +289,9 @@ impl DepthController {
         // position, one shallower the cost of cheaper rounds. Until the choice
         // moves, each probe waits twice as long as the last.
         let up = (self.probe_up || best == 0) && best < max;
+        let near = |k: usize| throughput.get(k).copied().flatten().unwrap_or(0.0);
+        let stale_plain = self.rounds - self.plain_at >= PLAIN_STALE_ROUNDS
+            && near(0) >= PLAIN_STALE_NEAR * near(best);
         let k = match (up, best) {
             // From plain, the drafting depth the model rates best: one
             // deeper (depth 1) may lose alone while deeper ones pay, as on
@@ -273,6 +303,7 @@ impl DepthController {
             (true, 0) => 1,
             (true, _) => best + 1,
             (false, 0) => best,
+            (false, _) if stale_plain => 0,
             (false, _) => best - 1,
         };
         // Once plain has stayed the choice through probes up to the longest
@@ -287,6 +318,12 @@ impl DepthController {
         self.probe_up = !up;
         if k == best {
             return (best, Reason::Best);
+        }
+        if k == 0 && stale_plain {
+            // Six rounds, five timed (a stretch's last is no sample): most of
+            // the window afresh.
+            self.probe = Some((0, cost::WINDOW / 2));
+            return (0, Reason::Probe);
         }
         // A depth measured fewer than `SEED_ROUNDS` times is probed until it
         // has that many samples, so that its median outvotes one dear
@@ -399,6 +436,7 @@ impl DepthController {
         }
         self.plain_run = if drafted == 0 { self.plain_run + 1 } else { 0 };
         self.last = Some(drafted);
+        self.rounds += 1;
     }
 
     /// A timed round's cost sample: a catch-up's excess goes to the plain
@@ -434,6 +472,9 @@ impl DepthController {
             self.cost.observe_catch_up(drafted, self.plain_run, seconds);
         } else if !held {
             self.cost.observe(drafted, seconds);
+            if drafted == 0 {
+                self.plain_at = self.rounds;
+            }
         }
     }
 }
@@ -566,6 +607,36 @@ mod tests {
         }
         let next = d.choose(100);
         assert!(next > 1, "extrapolation should go deeper, chose {next}");
+    }
+
+    #[test]
+    fn stale_plain_samples_are_measured_afresh_from_a_drafting_depth() {
+        let mut d = DepthController::new(DepthPolicy::Auto { max: 2 });
+        // Every drafted round commits two tokens (the first draft is always
+        // accepted, the second never): depth 1 at 2.4 ms a round is best
+        // (833 tokens/s), plain at 1.5 ms a token (667) within reach.
+        let cost = [1.5e-3, 2.4e-3, 2.5e-3];
+        for k in [1, 1, 1, 1, 0, 0, 0] {
+            d.record(k, k, cost[k]);
+        }
+        let mut picks = Vec::new();
+        for _ in 0..3 * PLAIN_STALE_ROUNDS {
+            let k = d.choose(1000);
+            picks.push(k);
+            d.record(k, k.min(1), cost[k]);
+        }
+        let runs: Vec<usize> = picks
+            .split(|&k| k != 0)
+            .map(<[usize]>::len)
+            .filter(|&n| n > 0)
+            .collect();
+        assert!(
+            runs.contains(&(cost::WINDOW / 2 + 2)),
+            "no six-round plain probe: {picks:?}"
+        );
+        assert!(d.cost.count(0) > 3, "{picks:?}");
+        // Control: a fresh plain sample resets the clock.
+        assert!(d.rounds - d.plain_at < PLAIN_STALE_ROUNDS, "{picks:?}");
     }
 
     #[test]
