@@ -263,18 +263,7 @@ impl DepthController {
             return (0, Reason::Seed);
         }
         let throughput = self.throughput_from(self.resume_share());
-        let best_of = |from: usize| {
-            throughput
-                .iter()
-                .enumerate()
-                .skip(from)
-                .filter_map(|(k, t)| t.map(|t| (k, t)))
-                .fold(None, |b: Option<(usize, f64)>, x| match b {
-                    Some(b) if b.1 >= x.1 => Some(b),
-                    _ => Some(x),
-                })
-                .map(|b| b.0)
-        };
+        let best_of = |from: usize| best_from(&throughput, from);
         let best = best_of(0).unwrap_or(0);
         if best != self.best {
             self.best = best;
@@ -289,9 +278,7 @@ impl DepthController {
         // position, one shallower the cost of cheaper rounds. Until the choice
         // moves, each probe waits twice as long as the last.
         let up = (self.probe_up || best == 0) && best < max;
-        let near = |k: usize| throughput.get(k).copied().flatten().unwrap_or(0.0);
-        let stale_plain = self.rounds - self.plain_at >= PLAIN_STALE_ROUNDS
-            && near(0) >= PLAIN_STALE_NEAR * near(best);
+        let stale_plain = self.plain_is_stale(&throughput, best);
         let k = match (up, best) {
             // From plain, the drafting depth the model rates best: one
             // deeper (depth 1) may lose alone while deeper ones pay, as on
@@ -336,6 +323,13 @@ impl DepthController {
         }
         self.probe = (rounds > 1).then(|| (k, rounds - 2));
         (k, Reason::Probe)
+    }
+
+    /// Whether plain's cost samples are [`PLAIN_STALE_ROUNDS`] old and its
+    /// modelled `throughput` within [`PLAIN_STALE_NEAR`] of depth `best`'s.
+    fn plain_is_stale(&self, throughput: &[Option<f64>], best: usize) -> bool {
+        let at = |k: usize| throughput.get(k).copied().flatten().unwrap_or(0.0);
+        self.rounds - self.plain_at >= PLAIN_STALE_ROUNDS && at(0) >= PLAIN_STALE_NEAR * at(best)
     }
 
     /// What a drafting round pays for leaving plain: after plain rounds,
@@ -477,6 +471,21 @@ impl DepthController {
             }
         }
     }
+}
+
+/// The depth from `from` up with the highest modelled `throughput` (the
+/// shallowest of equals; `None` when none is modelled).
+fn best_from(throughput: &[Option<f64>], from: usize) -> Option<usize> {
+    throughput
+        .iter()
+        .enumerate()
+        .skip(from)
+        .filter_map(|(k, t)| t.map(|t| (k, t)))
+        .fold(None, |b: Option<(usize, f64)>, x| match b {
+            Some(b) if b.1 >= x.1 => Some(b),
+            _ => Some(x),
+        })
+        .map(|b| b.0)
 }
 
 #[cfg(test)]
