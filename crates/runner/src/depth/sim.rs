@@ -1213,8 +1213,23 @@ fn tiny_mtp_h100_f32_replayed(jitter: f64) -> Sim {
     }
 }
 
-#[test]
+/// [`replay_every_depth`] over `replies` with seeds 1..=20, printing auto
+/// against plain and the share of its rounds plain: the fixed depths'
+/// tokens/s, auto's and the best fixed depth.
 #[allow(clippy::print_stderr)]
+fn against_plain(sim: &Sim, replies: &[Vec<usize>]) -> (Vec<f64>, f64, usize) {
+    let (fixed, auto, best, picks) = replay_every_depth(sim, replies, 20);
+    let plain_share = picks.iter().filter(|&&k| k == 0).count() as f64 / picks.len() as f64;
+    eprintln!(
+        "jitter {}: fixed {:?}, auto {auto:.0} = {:.3} x plain, best depth {best}, {plain_share:.2} of rounds plain",
+        sim.jitter,
+        fixed.iter().map(|f| f.round()).collect::<Vec<_>>(),
+        auto / fixed[0],
+    );
+    (fixed, auto, best)
+}
+
+#[test]
 fn where_every_depth_loses_and_resuming_is_dear_auto_stays_near_plain() {
     // The floor: auto never below 0.95 × plain. Here plain is the
     // best fixed depth (depth 2 is about 0.93 × plain) and each return to
@@ -1231,15 +1246,7 @@ fn where_every_depth_loses_and_resuming_is_dear_auto_stays_near_plain() {
     let replies = tiny_mtp_lengths();
     let mut ratios = Vec::new();
     for jitter in [0.1, 0.3] {
-        let sim = tiny_mtp_h100_f32_replayed(jitter);
-        let (fixed, auto, best, picks) = replay_every_depth(&sim, &replies, 20);
-        let plain_share = picks.iter().filter(|&&k| k == 0).count() as f64 / picks.len() as f64;
-        eprintln!(
-            "jitter {jitter}: fixed {:?}, auto {auto:.0} = {:.3} x plain, best depth {best}, {:.2} of rounds plain",
-            fixed.iter().map(|f| f.round()).collect::<Vec<_>>(),
-            auto / fixed[0],
-            plain_share
-        );
+        let (fixed, auto, best) = against_plain(&tiny_mtp_h100_f32_replayed(jitter), &replies);
         assert_eq!(best, 0, "control: plain is the best fixed depth: {fixed:?}");
         assert!(
             fixed[2] < 0.97 * fixed[0],
@@ -1273,7 +1280,6 @@ fn tiny_mtp_h100_f32_slow_start(jitter: f64) -> Sim {
 }
 
 #[test]
-#[allow(clippy::print_stderr)]
 fn plain_tokens_dear_only_at_first_do_not_keep_auto_drafting() {
     // Auto, modelling plain from the first request's dear plain tokens,
     // drafted at depth 2 for the rest of the process (0.77 × plain in the
@@ -1284,15 +1290,7 @@ fn plain_tokens_dear_only_at_first_do_not_keep_auto_drafting() {
     // samples, 0.978 and 0.983, 0.30 and 0.49 of the rounds plain.
     let replies = tiny_mtp_lengths();
     for jitter in [0.1, 0.3] {
-        let sim = tiny_mtp_h100_f32_slow_start(jitter);
-        let (fixed, auto, best, picks) = replay_every_depth(&sim, &replies, 20);
-        let plain_share = picks.iter().filter(|&&k| k == 0).count() as f64 / picks.len() as f64;
-        eprintln!(
-            "jitter {jitter}: fixed {:?}, auto {auto:.0} = {:.3} x plain, {:.2} of rounds plain",
-            fixed.iter().map(|f| f.round()).collect::<Vec<_>>(),
-            auto / fixed[0],
-            plain_share
-        );
+        let (fixed, auto, best) = against_plain(&tiny_mtp_h100_f32_slow_start(jitter), &replies);
         assert_eq!(best, 0, "control: plain is the best fixed depth: {fixed:?}");
         assert!(
             auto >= 0.995 * fixed[0],
