@@ -526,20 +526,59 @@ class RowsMatmulT : public CpuPrimitive {
 
 
 // ---------------------------------------------------------------------------
-// `x @ w.T` for a few rows of `x` and an affine-quantized `w` (MLX's layout:
+// `x @ w.T` for a few rows of `x` and a quantized `w` in MLX's layout:
 // `[n, k · bits / 32]` uint32 codes, element `c` of a word in bits
-// `bits·c .. bits·(c+1)`, and `[n, k / group]` scales and biases, so that
-// `w[j, i] = scale · code + bias`), 4 or 8 bits.
+// `bits·c .. bits·(c+1)` (a 4-bit byte's low nibble first), and
+// `[n, k / group]` scales. In affine mode (4 or 8 bits) with biases of the
+// scales' shape, `w[j, i] = scale · code + bias`; in MLX's floating-point
+// modes `w[j, i] = code · scale` with uint8 scales and no biases: mxfp4
+// (e2m1 codes, e8m0 scales, groups of 32), mxfp8 (e4m3fn codes, e8m0
+// scales, 32) and nvfp4 (e2m1 codes, e4m3fn scales, 16).
 //
 // Why: MLX's CPU `quantized_matmul` runs each input row through the whole
 // weight on its own (1 / 2 / 4 / 8 rows of a 1,024² 8-bit weight: 1.2 / 2.3 /
 // 4.7 / 8.5 ms on this 2-core host), so a speculative verify of k + 1 rows
 // cost k + 1 plain steps and speculation never paid on a quantized model
-// here. This dequantizes a block of weight rows once into f32 and hands the
-// block to the dense kernels above, which multiply it into every input row:
-// the same fixed summation order per (row, feature) whatever the row count,
-// so a verify row equals the one-row step's product bit for bit.
+// here. In the floating-point modes it also decodes every code again for
+// every row (mxfp8, a 1,536 x 512 weight: 1 / 8 rows 2.6 / 12.6 ms). This
+// dequantizes a block of weight rows once into f32 and hands the block to
+// the dense kernels above, which multiply it into every input row: the same
+// fixed summation order per (row, feature) whatever the row count, so a
+// verify row equals the one-row step's product bit for bit.
 constexpr int kQuantBlock = 8;
+
+// How a weight's codes and scales decode (what the builder parsed `mode` into).
+enum class QMode { Affine, Mxfp4, Mxfp8, Nvfp4 };
+
+// e2m1 (fp4: sign, 2 exponent bits, 1 mantissa bit) for each nibble.
+constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// e4m3fn (fp8: sign, 4 exponent bits biased by 7, 3 mantissa bits,
+// subnormals at exponent 0, no infinities, 0x7f and 0xff NaN) for each byte.
+const float* e4m3_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b) {
+      const int e = (b >> 3) & 15, m = b & 7;
+      const float v = (b & 0x7f) == 0x7f ? NAN : e == 0 ? std::ldexp(static_cast<float>(m), -9)
+                                                        : std::ldexp(static_cast<float>(8 + m), e - 10);
+      t[b] = (b & 0x80) != 0 ? -v : v;
+    }
+    return t;
+  }();
+  return table.data();
+}
+
+// An e8m0 scale: `2^(s - 127)` as f32 bits `s << 23`, with MLX's two
+// special cases: 0 is 2^-127 (a subnormal, not zero) and 255 is infinity
+// (what MLX 0.32's dequantize gives, not the OCP spec's NaN).
+inline float e8m0(uint8_t s) {
+  const uint32_t bits = s == 0 ? 0x400000u : static_cast<uint32_t>(s) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
 
 // Element strides of a 2-D operand.
 using Strides2 = std::array<int64_t, 2>;
@@ -567,6 +606,129 @@ inline __attribute__((always_inline)) void dequant_row(const uint8_t* __restrict
       }
     }
   }
+}
+
+// One weight row of a floating-point mode into f32: `code · scale` per
+// group, from the tables above. Every such product is exact in f32 (at most
+// 4 + 4 significant bits, powers of two for e8m0), so it is MLX's
+// `dequantize` bit for bit whatever the order of the arithmetic.
+template <QMode MODE, int GROUP>
+inline __attribute__((always_inline)) void dequant_row_fp(const uint8_t* __restrict bytes, const uint8_t* scales,
+                                                          int64_t s1, int k, const float* __restrict e4m3,
+                                                          float* __restrict o) {
+  for (int g = 0, c0 = 0; c0 < k; ++g, c0 += GROUP) {
+    const uint8_t s = scales[g * s1];
+    const float sc = MODE == QMode::Nvfp4 ? e4m3[s] : e8m0(s);
+    float* __restrict og = o + c0;
+    if constexpr (MODE == QMode::Mxfp8) {
+      const uint8_t* __restrict q = bytes + c0;
+      for (int c = 0; c < GROUP; ++c) og[c] = e4m3[q[c]] * sc;
+    } else {
+      const uint8_t* __restrict q = bytes + c0 / 2;
+      for (int i = 0; i < GROUP / 2; ++i) {
+        og[2 * i] = kE2m1[q[i] & 0xF] * sc;
+        og[2 * i + 1] = kE2m1[q[i] >> 4] * sc;
+      }
+    }
+  }
+}
+
+template <QMode MODE, int GROUP>
+inline __attribute__((always_inline)) void dequant_rows_fp_path(const uint32_t* w, Strides2 ws, const uint8_t* scales,
+                                                                Strides2 ss, int j0, int j1, int k, float* out) {
+  constexpr int kBits = MODE == QMode::Mxfp8 ? 8 : 4;
+  const int words = k * kBits / 32;
+  const float* e4m3 = e4m3_table();
+  std::vector<uint32_t> packed;
+  for (int j = j0; j < j1; ++j) {
+    const uint32_t* wj = w + j * ws[0];
+    if (ws[1] != 1) {
+      packed.resize(words);
+      for (int i = 0; i < words; ++i) packed[i] = wj[i * ws[1]];
+      wj = packed.data();
+    }
+    dequant_row_fp<MODE, GROUP>(reinterpret_cast<const uint8_t*>(wj), scales + j * ss[0], ss[1], k, e4m3,
+                                out + static_cast<size_t>(j - j0) * k);
+  }
+}
+
+#ifdef MTP_X86
+// `dequant_row_fp` on AVX2, eight codes at a time: the same values lane for
+// lane (each decoded code is the table's, times the same scale), so which
+// path ran never shows. fp4 codes go through a register permute of the
+// eight magnitudes and a sign flip, fp8 codes through their bits: a normal
+// code's exponent and mantissa moved into an f32's and rebiased (+120), a
+// subnormal's mantissa times 2^-9, 0x7f NaN. The table loads, which GCC
+// left scalar, took 1.18 / 0.66 / 1.03 ms for one row of a 4,096 x 1,024
+// weight in mxfp4 / mxfp8 / nvfp4, these 0.71 / 0.96 / 0.76 (one run of
+// 7 rounds each on 2 shared EPYC cores; medians of 15 later: 0.61 / 0.77 /
+// 0.68): fp4 gains, fp8 is within this host's noise.
+template <QMode MODE, int GROUP>
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void dequant_row_fp_avx2(
+    const uint8_t* bytes, const uint8_t* scales, int64_t s1, int k, const float* e4m3, float* o) {
+  static_assert(GROUP % 8 == 0, "eight codes at a time");
+  const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m256 magnitudes = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+  for (int g = 0, c0 = 0; c0 < k; ++g, c0 += GROUP) {
+    const uint8_t s = scales[g * s1];
+    const __m256 sc = _mm256_set1_ps(MODE == QMode::Nvfp4 ? e4m3[s] : e8m0(s));
+    float* og = o + c0;
+    for (int c = 0; c < GROUP; c += 8) {
+      __m256 v;
+      if constexpr (MODE == QMode::Mxfp8) {
+        const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + c0 + c)));
+        const __m256i em = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
+        const __m256 normal = _mm256_castsi256_ps(
+            _mm256_add_epi32(_mm256_slli_epi32(em, 20), _mm256_set1_epi32(120 << 23)));
+        const __m256 subnormal = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(1.0f / 512.0f));
+        v = _mm256_blendv_ps(normal, subnormal, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), em)));
+        v = _mm256_blendv_ps(v, _mm256_set1_ps(NAN),
+                             _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f))));
+        v = _mm256_xor_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24)));
+      } else {
+        uint32_t word;
+        std::memcpy(&word, bytes + (c0 + c) / 2, sizeof word);
+        // Lane `l`: nibble `l` of the word, code `c + l` (low nibble first).
+        const __m256i nib = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts);
+        // The permute reads the low three bits of each lane: the magnitude.
+        v = _mm256_permutevar8x32_ps(magnitudes, nib);
+        v = _mm256_xor_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(nib, _mm256_set1_epi32(8)), 28)));
+      }
+      _mm256_storeu_ps(og + c, _mm256_mul_ps(v, sc));
+    }
+  }
+}
+
+template <QMode MODE, int GROUP>
+__attribute__((target("avx2,fma,f16c"))) void dequant_rows_fp_avx2(const uint32_t* w, Strides2 ws,
+                                                                     const uint8_t* scales, Strides2 ss, int j0,
+                                                                     int j1, int k, float* out) {
+  constexpr int kBits = MODE == QMode::Mxfp8 ? 8 : 4;
+  const int words = k * kBits / 32;
+  const float* e4m3 = e4m3_table();
+  std::vector<uint32_t> packed;
+  for (int j = j0; j < j1; ++j) {
+    const uint32_t* wj = w + j * ws[0];
+    if (ws[1] != 1) {
+      packed.resize(words);
+      for (int i = 0; i < words; ++i) packed[i] = wj[i * ws[1]];
+      wj = packed.data();
+    }
+    dequant_row_fp_avx2<MODE, GROUP>(reinterpret_cast<const uint8_t*>(wj), scales + j * ss[0], ss[1], k, e4m3,
+                                     out + static_cast<size_t>(j - j0) * k);
+  }
+}
+#endif
+
+// Rows `j0..j1` of a floating-point-mode weight as f32 rows of `k` (the
+// builder admits each mode with its own group size only).
+template <QMode MODE, int GROUP>
+void dequant_rows_fp(const uint32_t* w, Strides2 ws, const uint8_t* scales, Strides2 ss, int j0, int j1, int k,
+                     float* out) {
+#ifdef MTP_X86
+  if (has_avx2()) return dequant_rows_fp_avx2<MODE, GROUP>(w, ws, scales, ss, j0, j1, k, out);
+#endif
+  dequant_rows_fp_path<MODE, GROUP>(w, ws, scales, ss, j0, j1, k, out);
 }
 
 template <int BITS, int GROUP, typename T>
@@ -622,10 +784,21 @@ void dequant_rows(const uint32_t* w, Strides2 ws, const T* scales, Strides2 ss, 
   by_group(std::integral_constant<int, 4>{});
 }
 
+// `scales` are `T` in affine mode, uint8 in the others; `biases` affine only.
 template <typename T>
 void quant_rows_matmul_t(const T* xp, const std::vector<int64_t>& x_rows, int64_t x_col, const uint32_t* w, Strides2 ws,
-                         const T* scales, Strides2 ss, const T* biases, Strides2 bs, T* op, int rows, int n, int k,
-                         int group, int bits) {
+                         const void* scales, Strides2 ss, const T* biases, Strides2 bs, T* op, int rows, int n, int k,
+                         int group, int bits, QMode mode) {
+  const auto dequant = [&](int j0, int j1, float* block) {
+    const auto* fp_scales = static_cast<const uint8_t*>(scales);
+    switch (mode) {
+      case QMode::Mxfp4: return dequant_rows_fp<QMode::Mxfp4, 32>(w, ws, fp_scales, ss, j0, j1, k, block);
+      case QMode::Mxfp8: return dequant_rows_fp<QMode::Mxfp8, 32>(w, ws, fp_scales, ss, j0, j1, k, block);
+      case QMode::Nvfp4: return dequant_rows_fp<QMode::Nvfp4, 16>(w, ws, fp_scales, ss, j0, j1, k, block);
+      case QMode::Affine: break;
+    }
+    dequant_rows(w, ws, static_cast<const T*>(scales), ss, biases, bs, j0, j1, k, group, bits, block);
+  };
   // The task split counts dense elements: dequantizing a weight row costs
   // about what reading its f32 copy does.
   rows_product(xp, x_rows, x_col, op, rows, n, k, [&](const float* x, int n0, int n1, float* out) {
@@ -636,7 +809,7 @@ void quant_rows_matmul_t(const T* xp, const std::vector<int64_t>& x_rows, int64_
     block.resize(static_cast<size_t>(kQuantBlock) * k);
     for (int j0 = n0; j0 < n1; j0 += kQuantBlock) {
       const int j1 = std::min(n1, j0 + kQuantBlock);
-      dequant_rows(w, ws, scales, ss, biases, bs, j0, j1, k, group, bits, block.data());
+      dequant(j0, j1, block.data());
       // The block's row `j - j0` is weight row `j`: its products land in
       // columns `j0..j1` of the `[rows, n]` output.
       features(x, rows, k, block.data(), 0, j1 - j0, out + j0, n);
@@ -644,9 +817,11 @@ void quant_rows_matmul_t(const T* xp, const std::vector<int64_t>& x_rows, int64_
   });
 }
 
+// Inputs: x, w, scales and, in affine mode only, biases.
 class QuantRowsMatmulT : public CpuPrimitive {
  public:
-  QuantRowsMatmulT(mx::Stream s, int group, int bits) : CpuPrimitive(s), group_(group), bits_(bits) {}
+  QuantRowsMatmulT(mx::Stream s, int group, int bits, QMode mode)
+      : CpuPrimitive(s), group_(group), bits_(bits), mode_(mode) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array& x = inputs[0];
@@ -655,26 +830,28 @@ class QuantRowsMatmulT : public CpuPrimitive {
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (const auto& a : inputs) enc.set_input_array(a);
     enc.set_output_array(out);
-    const mx::array &w = inputs[1], &sc = inputs[2], &bi = inputs[3];
+    const mx::array &w = inputs[1], &sc = inputs[2];
+    const bool affine = mode_ == QMode::Affine;
     const int k = x.shape(-1), n = w.shape(0);
     const int rows = static_cast<int>(x.size() / k);
     std::vector<int64_t> x_rows(rows);
     for (int r = 0; r < rows; ++r) x_rows[r] = row_offset(x.shape(), x.strides(), r);
     const int64_t x_col = x.strides().back();
     auto strides = [](const mx::array& a) { return Strides2{a.strides()[0], a.strides()[1]}; };
-    const Strides2 ws = strides(w), ss = strides(sc), bs = strides(bi);
+    const Strides2 ws = strides(w), ss = strides(sc), bs = affine ? strides(inputs[3]) : Strides2{0, 0};
     const void* xp = x.data<void>();
     const uint32_t* wp = w.data<uint32_t>();
     const void* sp = sc.data<void>();
-    const void* bp = bi.data<void>();
+    const void* bp = affine ? inputs[3].data<void>() : nullptr;
     void* op = out.data<void>();
     const mx::Dtype dtype = out.dtype();
     const int group = group_, bits = bits_;
+    const QMode mode = mode_;
     enc.dispatch([=]() {
       by_dtype(dtype, [&](auto tag) {
         using T = decltype(tag);
-        quant_rows_matmul_t(static_cast<const T*>(xp), x_rows, x_col, wp, ws, static_cast<const T*>(sp), ss,
-                            static_cast<const T*>(bp), bs, static_cast<T*>(op), rows, n, k, group, bits);
+        quant_rows_matmul_t(static_cast<const T*>(xp), x_rows, x_col, wp, ws, sp, ss, static_cast<const T*>(bp), bs,
+                            static_cast<T*>(op), rows, n, k, group, bits, mode);
       });
     });
   }
@@ -683,7 +860,7 @@ class QuantRowsMatmulT : public CpuPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const QuantRowsMatmulT*>(&other);
-    return o != nullptr && o->group_ == group_ && o->bits_ == bits_;
+    return o != nullptr && o->group_ == group_ && o->bits_ == bits_ && o->mode_ == mode_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -695,6 +872,7 @@ class QuantRowsMatmulT : public CpuPrimitive {
  private:
   int group_;
   int bits_;
+  QMode mode_;
 };
 
 // ---------------------------------------------------------------------------
@@ -1119,20 +1297,51 @@ ArrPtr rows_matmul_t(const Arr& x, const Arr& w) {
       mx::array(std::move(out), d, std::make_shared<RowsMatmulT>(s), std::vector<mx::array>{x.a, w.a}));
 }
 
-ArrPtr quant_rows_matmul_t(const Arr& x, const Arr& w, const Arr& scales, const Arr& biases, int32_t group_size,
-                           int32_t bits) {
+ArrPtr quant_rows_matmul_t(const Arr& x, const Arr& w, const Arr& scales, bool has_biases, const Arr& biases,
+                           int32_t group_size, int32_t bits, rust::Str mode_name) {
   const mx::Stream s = mx::default_stream(mx::default_device());
   if (s.device != mx::Device::cpu) {
     throw std::invalid_argument("quant_rows_matmul_t runs on the CPU; the default device is a GPU");
   }
-  if (bits != 4 && bits != 8) {
-    throw std::invalid_argument("quant_rows_matmul_t takes 4- or 8-bit codes; got " + std::to_string(bits));
+  const std::string name(mode_name);
+  // Each floating-point mode fixes its group size and bits.
+  struct Known {
+    const char* name;
+    QMode mode;
+    int group, bits;
+  };
+  static constexpr Known kModes[] = {{"affine", QMode::Affine, 0, 0},
+                                     {"mxfp4", QMode::Mxfp4, 32, 4},
+                                     {"mxfp8", QMode::Mxfp8, 32, 8},
+                                     {"nvfp4", QMode::Nvfp4, 16, 4}};
+  const Known* known = nullptr;
+  for (const Known& m : kModes) {
+    if (name == m.name) known = &m;
   }
-  if (group_size != 32 && group_size != 64 && group_size != 128) {
-    throw std::invalid_argument("quant_rows_matmul_t takes groups of 32, 64 or 128; got " +
-                                std::to_string(group_size));
+  if (known == nullptr) {
+    throw std::invalid_argument("quant_rows_matmul_t takes modes affine, mxfp4, mxfp8 and nvfp4; got " + name);
   }
-  if (x.a.ndim() < 2 || w.a.ndim() != 2 || scales.a.ndim() != 2 || biases.a.ndim() != 2) {
+  const QMode mode = known->mode;
+  const bool affine = mode == QMode::Affine;
+  if (affine) {
+    if (bits != 4 && bits != 8) {
+      throw std::invalid_argument("quant_rows_matmul_t takes 4- or 8-bit codes; got " + std::to_string(bits));
+    }
+    if (group_size != 32 && group_size != 64 && group_size != 128) {
+      throw std::invalid_argument("quant_rows_matmul_t takes groups of 32, 64 or 128; got " +
+                                  std::to_string(group_size));
+    }
+    if (!has_biases) throw std::invalid_argument("quant_rows_matmul_t: affine mode needs biases");
+  } else {
+    if (group_size != known->group || bits != known->bits) {
+      throw std::invalid_argument("quant_rows_matmul_t: mode " + name + " takes group " +
+                                  std::to_string(known->group) + " and " + std::to_string(known->bits) +
+                                  " bits; got group " + std::to_string(group_size) + " and " + std::to_string(bits) +
+                                  " bits");
+    }
+    if (has_biases) throw std::invalid_argument("quant_rows_matmul_t: mode " + name + " has no biases");
+  }
+  if (x.a.ndim() < 2 || w.a.ndim() != 2 || scales.a.ndim() != 2 || (affine && biases.a.ndim() != 2)) {
     throw std::invalid_argument("quant_rows_matmul_t takes x [..., rows, k] and a 2-D packed w, scales, biases");
   }
   const int k = x.a.shape(-1), n = w.a.shape(0);
@@ -1142,23 +1351,31 @@ ArrPtr quant_rows_matmul_t(const Arr& x, const Arr& w, const Arr& scales, const 
                                 std::to_string(rows));
   }
   const int64_t packed_k = static_cast<int64_t>(w.a.shape(1)) * 32 / bits;
-  if (n < 1 || k % group_size != 0 || packed_k != k || scales.a.shape(0) != n || biases.a.shape(0) != n ||
-      scales.a.shape(1) != k / group_size || biases.a.shape(1) != k / group_size) {
+  if (n < 1 || k % group_size != 0 || packed_k != k || scales.a.shape(0) != n ||
+      scales.a.shape(1) != k / group_size ||
+      (affine && (biases.a.shape(0) != n || biases.a.shape(1) != k / group_size))) {
     throw std::invalid_argument("quant_rows_matmul_t: x [" + std::to_string(rows) + ", " + std::to_string(k) +
                                 "] does not match the packed w [" + std::to_string(n) + ", " +
                                 std::to_string(w.a.shape(1)) + "] at " + std::to_string(bits) + " bits, group " +
                                 std::to_string(group_size));
   }
   const mx::Dtype d = x.a.dtype();
-  if (w.a.dtype() != mx::uint32 || scales.a.dtype() != d || biases.a.dtype() != d || !float_dtype(d)) {
-    throw std::invalid_argument(
-        "quant_rows_matmul_t takes uint32 codes and f32, bf16 or f16 x, scales and biases of one dtype");
+  if (w.a.dtype() != mx::uint32 || !float_dtype(d)) {
+    throw std::invalid_argument("quant_rows_matmul_t takes uint32 codes and an f32, bf16 or f16 x");
+  }
+  if (affine && (scales.a.dtype() != d || biases.a.dtype() != d)) {
+    throw std::invalid_argument("quant_rows_matmul_t takes affine scales and biases in x's dtype");
+  }
+  if (!affine && scales.a.dtype() != mx::uint8) {
+    throw std::invalid_argument("quant_rows_matmul_t: mode " + name + " takes uint8 scales");
   }
   mx::Shape out = x.a.shape();
   out.back() = n;
+  std::vector<mx::array> inputs{x.a, w.a, scales.a};
+  if (affine) inputs.push_back(biases.a);
   return std::make_unique<Arr>(mx::array(std::move(out), d,
-                                         std::make_shared<QuantRowsMatmulT>(s, group_size, bits),
-                                         std::vector<mx::array>{x.a, w.a, scales.a, biases.a}));
+                                         std::make_shared<QuantRowsMatmulT>(s, group_size, bits, mode),
+                                         std::move(inputs)));
 }
 
 ArrPtr attention_rows_cpu(const Arr& q, const Arr& k, const Arr& v, float scale, bool merged, int32_t keys) {

@@ -97,9 +97,10 @@ ArrPtr gather_mm(const Arr& a, const Arr& b, bool has_lhs, const Arr& lhs, bool 
                  bool sorted);
 // `x @ w.T` for 1-8 rows on the CPU (cpp/rows_cpu.cc).
 ArrPtr rows_matmul_t(const Arr& x, const Arr& w);
-// `x @ w.T` for 1-8 rows and a 4- or 8-bit affine-quantized w on the CPU (cpp/rows_cpu.cc).
-ArrPtr quant_rows_matmul_t(const Arr& x, const Arr& w, const Arr& scales, const Arr& biases, int32_t group_size,
-                           int32_t bits);
+// `x @ w.T` for 1-32 rows and a quantized w on the CPU (cpp/rows_cpu.cc): 4- or 8-bit affine
+// codes with biases, or mxfp4 / mxfp8 / nvfp4 codes with uint8 scales and no biases.
+ArrPtr quant_rows_matmul_t(const Arr& x, const Arr& w, const Arr& scales, bool has_biases, const Arr& biases,
+                           int32_t group_size, int32_t bits, rust::Str mode);
 // Lets (or stops) rows_matmul_t's blocks use AVX-512VL's 32 registers;
 // whether they now do.
 bool rows_cpu_set_wide(bool on);

@@ -16,9 +16,11 @@
 //! `--fp mxfp4,mxfp8,nvfp4` adds, on the CPU, each of MLX's floating-point
 //! quantization modes of the `[n, k]` weights: `fp-qmm-MODE` (MLX's
 //! `quantized_matmul`, which runs each row of `x` through the whole weight)
-//! against `fp-deq-MODE` (the weight dequantized into f32 every round, then
-//! MLX's f32 matmul: the route `runner` takes for a prefill chunk, there in
-//! blocks of 16 MiB of f32 weight).
+//! against `fp-rows-MODE` (our rows kernel, `ops::quant_rows_matmul_t_mode`,
+//! up to `ops::ROWS_MATMUL_MAX_ROWS` rows: the route `runner` takes for a
+//! step or a verify) and `fp-deq-MODE` (the weight dequantized into f32
+//! every round, then MLX's f32 matmul: the route `runner` takes for a
+//! prefill chunk, there in blocks of 16 MiB of f32 weight).
 //!
 //! `--keys S [--heads Hq,Hkv,D]` times the CPU attention instead
 //! (`"bench":"attention"`): `m` query rows over `S` cached keys
@@ -191,15 +193,23 @@ fn attention(o: &Options, keys: i32, out: &mut impl Write) -> Result<()> {
 }
 
 /// `x @ W.T` for each floating-point-quantized `W` in `q`, evaluated
-/// together: MLX's `quantized_matmul` (`qmm`), or `W` dequantized into f32
-/// and MLX's f32 matmul, the product rounded back to `x`'s dtype.
-fn fp_product(x: &Array, q: &[(Array, Array)], mode: QuantMode, qmm: bool) -> Result<()> {
+/// together, by `kernel`: `fp-qmm` (MLX's `quantized_matmul`), `fp-rows`
+/// (our rows kernel, `ops::quant_rows_matmul_t_mode`), or `fp-deq` (`W`
+/// dequantized into f32 and MLX's f32 matmul, the product rounded back to
+/// `x`'s dtype).
+fn fp_product(x: &Array, q: &[(Array, Array)], mode: QuantMode, kernel: &str) -> Result<()> {
     let (g, b) = mode.fixed().expect("an fp mode");
     let outs = q
         .iter()
         .map(|(w, s)| {
-            if qmm {
-                return mlx_tensor::ops::quantized_matmul_mode(x, w, s, None, true, g, b, mode);
+            match kernel {
+                "fp-qmm" => {
+                    return mlx_tensor::ops::quantized_matmul_mode(x, w, s, None, true, g, b, mode);
+                }
+                "fp-rows" => {
+                    return mlx_tensor::ops::quant_rows_matmul_t_mode(x, w, s, None, g, b, mode);
+                }
+                _ => {}
             }
             let w = mlx_tensor::ops::dequantize_mode(w, s, None, g, b, mode, Dtype::Float32)?;
             x.as_type(Dtype::Float32)?
@@ -342,8 +352,11 @@ fn main() -> Result<()> {
                 }
             }
             for (mode, q) in &fps {
-                for kernel in ["fp-qmm", "fp-deq"] {
-                    let us = median_us(o.rounds, || fp_product(&x, q, *mode, kernel == "fp-qmm"))?;
+                for kernel in ["fp-qmm", "fp-rows", "fp-deq"] {
+                    if kernel == "fp-rows" && !rows_kernel {
+                        continue;
+                    }
+                    let us = median_us(o.rounds, || fp_product(&x, q, *mode, kernel))?;
                     let kernel = format!("{kernel}-{}", mode.name());
                     let _ = writeln!(out, "{}", gemm_line(&o, &kernel, dtype, m, us));
                 }

@@ -164,13 +164,16 @@ pub(crate) mod sys {
             mode: &str,
         ) -> Result<UniquePtr<Arr>>;
         fn rows_matmul_t(x: &Arr, w: &Arr) -> Result<UniquePtr<Arr>>;
+        #[allow(clippy::too_many_arguments)]
         fn quant_rows_matmul_t(
             x: &Arr,
             w: &Arr,
             scales: &Arr,
+            has_biases: bool,
             biases: &Arr,
             group_size: i32,
             bits: i32,
+            mode: &str,
         ) -> Result<UniquePtr<Arr>>;
         fn rows_cpu_set_wide(on: bool) -> bool;
         fn attention_rows_cpu(

@@ -625,7 +625,7 @@ pub fn rows_matmul_t(x: &Array, w: &Array) -> Result<Array> {
 /// [`quantized_matmul`] takes with `transpose`): `w` `[n, k · bits / 32]`
 /// uint32 codes, `scales` and `biases` `[n, k / group_size]` in `x`'s dtype;
 /// 4 or 8 bits, groups of 32, 64 or 128; 1 to [`ROWS_MATMUL_MAX_ROWS`] rows,
-/// on the CPU.
+/// on the CPU. [`quant_rows_matmul_t_mode`] takes the floating-point modes.
 ///
 /// Our own MLX primitive (`cpp/rows_cpu.cc`): it dequantizes each block of
 /// weight rows once into f32 and multiplies it into every input row, where
@@ -643,13 +643,48 @@ pub fn quant_rows_matmul_t(
     group_size: i32,
     bits: i32,
 ) -> Result<Array> {
+    quant_rows_matmul_t_mode(
+        x,
+        w,
+        scales,
+        Some(biases),
+        group_size,
+        bits,
+        QuantMode::Affine,
+    )
+}
+
+/// [`quant_rows_matmul_t`] for a weight quantized in `mode`: affine as
+/// there (biases required), or a floating-point mode with its own group size
+/// and bits ([`QuantMode::fixed`]), uint8 `scales` and no biases.
+///
+/// The kernel decodes a block of weight rows into f32 exactly as MLX's
+/// `dequantize` does (every decoded weight is exact in f32: e2m1 or e4m3
+/// codes times an e8m0 or e4m3 scale), then multiplies it like
+/// [`rows_matmul_t`]: against `x @ dequantize(w).T` in f32 it differs only
+/// by summation order, and row `i` of a several-row product equals the
+/// one-row product of `x[i]` bit for bit. Another mode's sizes, biases in
+/// a floating-point mode (or none in affine), or scales of the wrong dtype
+/// are errors.
+#[track_caller]
+pub fn quant_rows_matmul_t_mode(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    group_size: i32,
+    bits: i32,
+    mode: QuantMode,
+) -> Result<Array> {
     check(sys::quant_rows_matmul_t(
         x.raw(),
         w.raw(),
         scales.raw(),
-        biases.raw(),
+        biases.is_some(),
+        biases.unwrap_or(scales).raw(),
         group_size,
         bits,
+        mode.name(),
     ))
     .map(Array::wrap)
 }

@@ -329,25 +329,27 @@ impl QuantizedTensor {
     /// `x @ W.T` for `x` of shape `[..., in]`. On the CPU, 4- or 8-bit
     /// affine codes go to our few-rows kernel (see [`cpu_rows_take`]; more
     /// rows than it takes, a prefill chunk, in slices of
-    /// [`ops::ROWS_MATMUL_MAX_ROWS`] rows) and a floating-point mode's
-    /// product of at least [`FP_DENSE_MIN_ROWS`] rows to the dense product
-    /// on `W` dequantized a block at a time
-    /// ([`QuantizedTensor::dense_matmul_t`]); everything else, and every
-    /// product on a GPU, to MLX's `quantized_matmul`, which never
-    /// materialises `W`.
+    /// [`ops::ROWS_MATMUL_MAX_ROWS`] rows), and so does a floating-point
+    /// mode's product of up to [`ops::ROWS_MATMUL_MAX_ROWS`] rows (a step,
+    /// a verify, a draft step); a floating-point product of at least
+    /// [`FP_DENSE_MIN_ROWS`] rows goes to the dense product on `W`
+    /// dequantized a block at a time ([`QuantizedTensor::dense_matmul_t`]);
+    /// everything else, and every product on a GPU, to MLX's
+    /// `quantized_matmul`, which never materialises `W`.
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
         if cpu_fp_dense(x, self) {
             return self.dense_matmul_t(x, dense_block_rows(x.dim(-1), FP_DENSE_BLOCK_BYTES));
         }
-        if let (Some(rows), Some(biases)) = (cpu_rows_take(x, self), &self.biases) {
+        if let Some(rows) = cpu_rows_take(x, self) {
             let product = |x: &Array| {
-                ops::quant_rows_matmul_t(
+                ops::quant_rows_matmul_t_mode(
                     x,
                     &self.weight,
                     &self.scales,
-                    biases,
+                    self.biases.as_ref(),
                     self.params.group_size as i32,
                     self.params.bits as i32,
+                    self.params.mode,
                 )
             };
             let max = ops::ROWS_MATMUL_MAX_ROWS;
@@ -437,7 +439,8 @@ impl QuantizedTensor {
 }
 
 thread_local! {
-    /// `MTP_CPU_QROWS=0` turns the quantized few-rows CPU kernel off (default on).
+    /// `MTP_CPU_QROWS=0` turns the quantized few-rows CPU kernel off (default
+    /// on), in every mode: products it would take go to MLX's `quantized_matmul`.
     static CPU_QROWS: crate::switch::Flag = const { std::cell::Cell::new(None) };
 }
 
@@ -450,7 +453,7 @@ pub fn set_cpu_quant_rows(on: bool) {
 /// The fewest rows of `x` for which [`QuantizedTensor::matmul_t`] in a
 /// floating-point mode (mxfp4, mxfp8, nvfp4) on the CPU dequantizes `W`
 /// and multiplies densely ([`QuantizedTensor::dense_matmul_t`]) instead of
-/// calling MLX's `quantized_matmul`.
+/// taking our few-rows kernel ([`cpu_rows_take`]).
 ///
 /// Why: MLX's CPU `quantized_matmul` runs each row of `x` through the whole
 /// weight on its own, and in these modes decodes every code again for every
@@ -468,10 +471,13 @@ pub fn set_cpu_quant_rows(on: bool) {
 /// against 3.3 / 2.3. A 32,000 × 512 weight, 32 rows: mxfp4 372 against
 /// 330, nvfp4 431 against 336. The threshold sits just above the rows a
 /// decode step, a verify or a draft step takes (up to
-/// [`ops::ROWS_MATMUL_MAX_ROWS`]), in every mode: those keep MLX's per-row
-/// kernel, whose rows do not depend on each other, so a verify row still
-/// equals the one-row step's product bit for bit (mxfp8 would be faster
-/// dense from 2 rows, but a dense verify row would not be).
+/// [`ops::ROWS_MATMUL_MAX_ROWS`]): those go to our rows kernel, which
+/// decodes each block of weight rows once for all rows (faster than both
+/// routes above at those row counts, see [`cpu_rows_take`]) and whose rows
+/// do not depend on each other, so a verify row equals the one-row step's
+/// product bit for bit (a dense verify row would not). Prefill chunks of
+/// more rows keep the dense route, where OpenBLAS's GEMM is the faster
+/// multiplier.
 const FP_DENSE_MIN_ROWS: i32 = ops::ROWS_MATMUL_MAX_ROWS + 1;
 
 /// The most bytes of f32 weight one block of a dense floating-point-mode
@@ -513,9 +519,13 @@ fn cpu_fp_dense(x: &Array, q: &QuantizedTensor) -> bool {
 }
 
 /// The row count of `x` when `x @ q.W.T` goes to
-/// [`ops::quant_rows_matmul_t`]: on a CPU default device, affine mode, 4 or 8 bits in
-/// groups of 32, 64 or 128, scales in `x`'s float dtype; any number of rows
-/// (a plain step, a verify, a draft step, a prefill chunk in slices).
+/// [`ops::quant_rows_matmul_t_mode`]: on a CPU default device, a float `x`
+/// and a 2-D weight, and either affine mode, 4 or 8 bits in groups of 32,
+/// 64 or 128 with scales and biases in `x`'s dtype, any number of rows (a
+/// plain step, a verify, a draft step, a prefill chunk in slices), or a
+/// floating-point mode (mxfp4, mxfp8, nvfp4: its own group size and bits,
+/// uint8 scales, no biases) and 1 to [`ops::ROWS_MATMUL_MAX_ROWS`] rows
+/// (more go dense, see [`FP_DENSE_MIN_ROWS`]).
 ///
 /// Why: MLX's CPU `quantized_matmul` runs each row of `x` through the whole
 /// weight on its own (1 / 2 / 4 / 8 rows of a 1,024² 8-bit weight: 1.2 /
@@ -529,20 +539,52 @@ fn cpu_fp_dense(x: &Array, q: &QuantizedTensor) -> bool {
 /// slices of 32 rows the kernel multiplies at about the rate of OpenBLAS's
 /// f32 GEMM (`examples/gemm.rs --k 1024 --n 3072 --weights 24 --m 32`:
 /// `qrows-4` 40.8 ms, `qrows-8` 47.4, f32 `matmul` 48.6, `qmm-4` 2,108).
+///
+/// The floating-point modes (1 to [`ops::ROWS_MATMUL_MAX_ROWS`] rows) are
+/// worse still in MLX, which decodes every code again for every row; the
+/// kernel decodes each block of weight rows once (e2m1 / e4m3 codes times an
+/// e8m0 / e4m3 scale, exactly MLX's `dequantize`). `examples/gemm.rs --fp
+/// mxfp4,mxfp8,nvfp4 --m 1,2,5,8,32 --dtypes f32` (2-core AMD EPYC x86-64,
+/// medians of 15 rounds, ms, `fp-qmm` MLX against `fp-rows` ours), 1 / 2 /
+/// 5 / 8 / 32 rows; a 1,536 × 512 weight (`--n 1536 --k 512`): mxfp4 0.66 /
+/// 1.16 / 1.86 / 4.39 / 17.7 against 0.18 / 0.12 / 0.25 / 0.29 / 0.78;
+/// mxfp8 2.92 / 3.27 / 10.5 / 21.9 / 92.3 against 0.19 / 0.24 / 0.46 / 0.63
+/// / 0.62; nvfp4 0.68 / 1.22 / 2.26 / 5.22 / 20.6 against 0.10 / 0.16 /
+/// 0.21 / 0.35 / 0.59. A 4,096 × 1,024 weight: mxfp4 3.12 / 6.12 / 9.16 /
+/// 15.4 / 57.4 against 0.61 / 0.77 / 0.75 / 1.16 / 4.83; mxfp8 13.0 / 30.6 /
+/// 39.3 / 64.3 / 252 against 0.77 / 0.89 / 0.70 / 1.88 / 5.05; nvfp4 3.18 /
+/// 7.22 / 9.19 / 14.9 / 59.4 against 0.68 / 0.76 / 0.69 / 1.66 / 2.93 (the
+/// host is shared and noisy: small cases vary by 2x between runs). tiny-mtp
+/// quantized by `mtp-runner quantize --mode MODE`, `generate --json -n 128
+/// -p "Once upon a time"`, decode tokens/s, medians of 5 alternating runs,
+/// `MTP_CPU_QROWS=0` (MLX's kernel) against on: `--speculative off` mxfp4
+/// 79.7 against 252, mxfp8 19.9 against 181, nvfp4 61.9 against 211; the
+/// default (MTP) 70.3 against 331, 15.5 against 215, 48.0 against 220
+/// (the same tokens either way, and speculative equal to plain).
 fn cpu_rows_take(x: &Array, q: &QuantizedTensor) -> Option<i32> {
     let k = x.dim(-1);
     if x.ndim() < 2 || k <= 0 || mlx_tensor::default_device() != mlx_tensor::Device::Cpu {
         return None;
     }
     let rows = i32::try_from(x.size() / k as usize).ok()?;
-    // The kernel decodes affine codes only: the floating-point modes go to MLX.
+    let (group, bits) = (q.params.group_size as i32, q.params.bits as i32);
+    let codes = match q.params.mode.fixed() {
+        None => {
+            matches!(bits, 4 | 8)
+                && matches!(group, 32 | 64 | 128)
+                && q.scales.dtype() == x.dtype()
+                && q.biases.as_ref().is_some_and(|b| b.dtype() == x.dtype())
+        }
+        Some(fixed) => {
+            fixed == (group, bits)
+                && rows <= ops::ROWS_MATMUL_MAX_ROWS
+                && q.scales.dtype() == Dtype::Uint8
+                && q.biases.is_none()
+        }
+    };
     let takes = rows >= 1
-        && q.params.mode == QuantMode::Affine
-        && matches!(q.params.bits, 4 | 8)
-        && matches!(q.params.group_size, 32 | 64 | 128)
+        && codes
         && matches!(x.dtype(), Dtype::Float32 | Dtype::Bfloat16 | Dtype::Float16)
-        && q.scales.dtype() == x.dtype()
-        && q.biases.as_ref().is_some_and(|b| b.dtype() == x.dtype())
         && q.weight.ndim() == 2
         && crate::switch::get(&CPU_QROWS, "MTP_CPU_QROWS", true);
     takes.then_some(rows)

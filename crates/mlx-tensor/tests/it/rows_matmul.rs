@@ -1,10 +1,13 @@
 //! `ops::rows_matmul_t` (our few-rows CPU kernel) against a float64 host
 //! reference and against itself: the dtypes, strided operands, shapes small
-//! enough for one thread and large enough for all, and the errors.
+//! enough for one thread and large enough for all, and the errors; likewise
+//! `ops::quant_rows_matmul_t` (affine) and `ops::quant_rows_matmul_t_mode`
+//! (the floating-point modes) against MLX's dequantized weights.
 
 use crate::common;
 
 use common::{arr, assert_close, host_noise};
+use mlx_tensor::ops::QuantMode;
 use mlx_tensor::{Array, Dtype, ops};
 
 /// `y[r, j] = Σ x[r, i] · w[j, i]` in f64.
@@ -17,6 +20,22 @@ fn reference(x: &[f32], w: &[f32], rows: usize, n: usize, k: usize) -> Vec<f64> 
                 .sum()
         })
         .collect()
+}
+
+/// Asserts `got` close to [`reference`] of `x` and `w` at `rows × n × k`,
+/// within `rel` of the row scale: `rel · sqrt(k)` for unit-range terms.
+fn assert_near_reference(
+    case: &str,
+    got: &[f32],
+    (x, w): (&[f32], &[f32]),
+    (rows, n, k): (usize, usize, usize),
+    rel: f32,
+) {
+    let want: Vec<f32> = reference(x, w, rows, n, k)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    assert_close(case, got, &want, rel * (k as f32).sqrt());
 }
 
 fn values(a: &Array) -> Vec<f32> {
@@ -55,12 +74,8 @@ fn rows_matmul_matches_a_float64_reference_in_every_dtype() {
                 assert_eq!(got.shape().as_slice(), &[rows as i32, n as i32]);
                 assert_eq!(got.dtype(), dtype);
                 let case = format!("{dtype:?} [{rows}, {k}] x [{n}, {k}]");
-                let want: Vec<f32> = reference(&xv, &wv, rows, n, k)
-                    .iter()
-                    .map(|&v| v as f32)
-                    .collect();
                 // `rel` of the row scale: sqrt(k) for unit-range terms.
-                assert_close(&case, &values(&got), &want, rel * (k as f32).sqrt());
+                assert_near_reference(&case, &values(&got), (&xv, &wv), (rows, n, k), rel);
             }
         }
     }
@@ -204,11 +219,7 @@ fn quantized_rows_match_the_dequantized_weight_and_themselves() {
                     assert_eq!(all.shape().as_slice(), &[17, n as i32]);
                     let all = values(&all);
                     let case = format!("{dtype:?} {bits}-bit group {group} [17, {k}] x [{n}, {k}]");
-                    let want: Vec<f32> = reference(&xv8, &wv, 17, n, k)
-                        .iter()
-                        .map(|&v| v as f32)
-                        .collect();
-                    assert_close(&case, &all, &want, rel * (k as f32).sqrt());
+                    assert_near_reference(&case, &all, (&xv8, &wv), (17, n, k), rel);
                     for rows in [1, 2, 5, 9] {
                         for r0 in [0, 17 - rows] {
                             let x = x8.slice_axis(0, r0, r0 + rows).unwrap();
@@ -247,4 +258,186 @@ fn quantized_rows_refuse_what_they_do_not_take() {
     assert!(err(ops::quant_rows_matmul_t(&x33, &w, &s, &b, 64, 4)).contains("1 to 32 rows"));
     let short = arr(&host_noise(9, 64), &[1, 64]);
     assert!(err(ops::quant_rows_matmul_t(&short, &w, &s, &b, 64, 4)).contains("does not match"));
+}
+
+/// The floating-point modes, each with its fixed group size and bits.
+const FP_MODES: [QuantMode; 3] = [QuantMode::Mxfp4, QuantMode::Mxfp8, QuantMode::Nvfp4];
+
+/// `mode`'s `(group, bits)`.
+fn fixed(mode: QuantMode) -> (i32, i32) {
+    mode.fixed().expect("a floating-point mode")
+}
+
+/// A floating-point-mode product of 32 rows equals the f64 product on MLX's
+/// dequantized weight within rounding, for f32 and bf16 inputs, on one
+/// thread and on the threaded path.
+#[test]
+fn fp_mode_rows_match_the_dequantized_weight() {
+    for mode in FP_MODES {
+        let (group, bits) = fixed(mode);
+        for (dtype, rel) in [(Dtype::Float32, 1e-6_f32), (Dtype::Bfloat16, 1.2e-2)] {
+            for (n, k) in [(40, 128), (1100, 256)] {
+                let dense = arr(&host_noise(14, n * k), &[n as i32, k as i32]);
+                let (w, s, _) = dense.quantize_mode(group, bits, mode).unwrap();
+                let deq = ops::dequantize_mode(&w, &s, None, group, bits, mode, Dtype::Float32);
+                let wv = values(&deq.unwrap());
+                let (x, xv) = rounded(&host_noise(15, 32 * k), &[32, k as i32], dtype);
+                let got =
+                    ops::quant_rows_matmul_t_mode(&x, &w, &s, None, group, bits, mode).unwrap();
+                assert_eq!(got.dtype(), dtype);
+                assert_eq!(got.shape().as_slice(), &[32, n as i32]);
+                let case = format!("{mode:?} {dtype:?} [32, {k}] x [{n}, {k}]");
+                assert_near_reference(&case, &values(&got), (&xv, &wv), (32, n, k), rel);
+            }
+        }
+    }
+}
+
+/// Row `r` of a several-row floating-point-mode product equals the one-row
+/// product of `x[r]` bit for bit, for 1, 2, 5, 8, 13 and 32 rows taken at the
+/// start and at the end of 32, on the threaded path: a verify row is the
+/// plain step's product.
+#[test]
+fn fp_mode_rows_are_the_same_alone_and_among_others() {
+    let (n, k) = (1100, 256);
+    for mode in FP_MODES {
+        let (group, bits) = fixed(mode);
+        let dense = arr(&host_noise(16, n * k), &[n as i32, k as i32]);
+        let (w, s, _) = dense.quantize_mode(group, bits, mode).unwrap();
+        let x = arr(&host_noise(17, 32 * k), &[32, k as i32]);
+        let product = |x: &Array| {
+            values(&ops::quant_rows_matmul_t_mode(x, &w, &s, None, group, bits, mode).unwrap())
+        };
+        let each: Vec<Vec<f32>> = (0..32)
+            .map(|r| product(&x.slice_axis(0, r, r + 1).unwrap()))
+            .collect();
+        for rows in [1, 2, 5, 8, 13, 32] {
+            for r0 in [0, 32 - rows] {
+                let some = product(&x.slice_axis(0, r0, r0 + rows).unwrap());
+                for r in 0..rows {
+                    let at = r as usize * n;
+                    assert_eq!(
+                        some[at..at + n],
+                        each[(r0 + r) as usize][..],
+                        "{mode:?}: row {} of rows {r0}..{} against alone",
+                        r0 + r,
+                        r0 + rows
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The kernel's decoded weights are MLX's `dequantize` bit for bit: one-hot
+/// rows read them back column by column, over every code that is a number
+/// (mxfp8: all 254; fp4: all 16) and a spread of scales (e8m0 0, the
+/// smallest, a subnormal, included); a code or scale that is not a number
+/// makes its output row NaN.
+#[test]
+fn fp_mode_decoding_is_mlxs_dequantize_bit_for_bit() {
+    let (n, k) = (24, 256);
+    for mode in FP_MODES {
+        let (group, bits) = fixed(mode);
+        let per_word = (32 / bits) as usize;
+        // Codes cycling through every value, offset per row; the NaN codes
+        // of e4m3 (0x7f, 0xff) replaced by zero.
+        let code = |j: usize, c: usize| -> u32 {
+            let v = ((j * 7 + c) % (1 << bits)) as u32;
+            if bits == 8 && (v & 0x7f) == 0x7f {
+                0
+            } else {
+                v
+            }
+        };
+        let words: Vec<u32> = (0..n * k / per_word)
+            .map(|i| {
+                let (j, c0) = (i / (k / per_word), i % (k / per_word) * per_word);
+                (0..per_word).fold(0, |acc, p| acc | code(j, c0 + p) << (p as i32 * bits))
+            })
+            .collect();
+        let groups = k / group as usize;
+        // e8m0 scales 0 and 100..150 (2^-127 and 2^-27..2^23); e4m3 scales
+        // 0..126 (every number, subnormals included).
+        let scale = |i: usize| -> u8 {
+            match mode {
+                QuantMode::Nvfp4 => (i * 5 % 127) as u8,
+                _ if i.is_multiple_of(17) => 0,
+                _ => 100 + (i * 3 % 51) as u8,
+            }
+        };
+        let scales: Vec<u8> = (0..n * groups).map(scale).collect();
+        let w = Array::from_slice(&words, &[n as i32, (k / per_word) as i32]).unwrap();
+        let s = Array::from_slice(&scales, &[n as i32, groups as i32]).unwrap();
+        let deq = ops::dequantize_mode(&w, &s, None, group, bits, mode, Dtype::Float32).unwrap();
+        let want = values(&deq);
+        assert!(
+            want.iter().all(|v| v.is_finite()),
+            "{mode:?}: the weights are numbers"
+        );
+        let one_hot: Vec<f32> = (0..k * k).map(|i| f32::from(i / k == i % k)).collect();
+        for c0 in (0..k).step_by(32) {
+            let x = arr(&one_hot[c0 * k..(c0 + 32) * k], &[32, k as i32]);
+            let got = values(
+                &ops::quant_rows_matmul_t_mode(&x, &w, &s, None, group, bits, mode).unwrap(),
+            );
+            for r in 0..32 {
+                for j in 0..n {
+                    let (g, e) = (got[r * n + j], want[j * k + c0 + r]);
+                    // A one-hot row's sum turns a -0 weight into +0.
+                    assert!(
+                        g.to_bits() == e.to_bits() || (g == 0.0 && e == 0.0),
+                        "{mode:?}: w[{j}, {}] {g} against {e}",
+                        c0 + r
+                    );
+                }
+            }
+        }
+        // A NaN code (e4m3) or an e8m0 scale of 255 makes its row NaN.
+        let mut bad_scales = scales.clone();
+        bad_scales[0] = if mode == QuantMode::Nvfp4 { 0x7f } else { 255 };
+        let s = Array::from_slice(&bad_scales, &[n as i32, groups as i32]).unwrap();
+        let x = arr(&host_noise(21, k), &[1, k as i32]);
+        let got =
+            values(&ops::quant_rows_matmul_t_mode(&x, &w, &s, None, group, bits, mode).unwrap());
+        assert!(
+            got[0].is_nan(),
+            "{mode:?}: a non-finite scale gives {}",
+            got[0]
+        );
+        assert!(
+            got[1..].iter().all(|v| v.is_finite()),
+            "{mode:?}: other rows stay numbers"
+        );
+    }
+}
+
+/// What the floating-point path does not take is an error naming it: another
+/// mode's sizes, biases, scales that are not uint8, an affine call without
+/// biases, more than 32 rows.
+#[test]
+fn fp_mode_rows_refuse_what_they_do_not_take() {
+    let (n, k) = (16, 128);
+    let dense = arr(&host_noise(18, n * k), &[n as i32, k as i32]);
+    let x = arr(&host_noise(19, k), &[1, k as i32]);
+    let (w, s, _) = dense.quantize_mode(32, 4, QuantMode::Mxfp4).unwrap();
+    let sf = s.as_type(Dtype::Float32).unwrap();
+    let err = |x: &Array, s: &Array, b: Option<&Array>, group, bits, mode| {
+        let r = ops::quant_rows_matmul_t_mode(x, &w, s, b, group, bits, mode);
+        format!("{}", r.expect_err("an error"))
+    };
+    let mx4 = QuantMode::Mxfp4;
+    let e = err(&x, &s, None, 16, 4, mx4);
+    assert!(e.contains("takes group 32 and 4 bits"), "{e}");
+    let e = err(&x, &s, None, 32, 4, QuantMode::Mxfp8);
+    assert!(e.contains("takes group 32 and 8 bits"), "{e}");
+    let e = err(&x, &s, Some(&s), 32, 4, mx4);
+    assert!(e.contains("has no biases"), "{e}");
+    let e = err(&x, &sf, None, 32, 4, mx4);
+    assert!(e.contains("uint8 scales"), "{e}");
+    let e = err(&x, &s, None, 32, 4, QuantMode::Affine);
+    assert!(e.contains("needs biases"), "{e}");
+    let x33 = arr(&host_noise(20, 33 * k), &[33, k as i32]);
+    let e = err(&x33, &s, None, 32, 4, mx4);
+    assert!(e.contains("1 to 32 rows"), "{e}");
 }

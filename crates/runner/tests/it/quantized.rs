@@ -742,20 +742,37 @@ fn census(a: &Array) -> BTreeMap<String, usize> {
 /// the f32 one (half an ulp, 2^-8 of the largest output; measured 2.0e-3
 /// of it; MLX's bf16 `quantized_matmul`, the route before, misses it:
 /// 8.5e-3 in mxfp4).
-#[test]
-fn fp_products_of_many_rows_equal_the_dense_product_on_the_dequantized_weight() {
-    let key = mlx_tensor::random::key(11).unwrap();
+/// `dense` quantized in `mode`, `x` times its dequantized transpose (the
+/// reference product) and that product's largest magnitude.
+fn fp_quantized_and_product(
+    dense: &Array,
+    x: &Array,
+    mode: QuantMode,
+) -> (runner::testing::QuantizedTensor, Vec<f32>, f32) {
+    let q = runner::testing::QuantizedTensor::quantize(dense, fp_params(mode)).unwrap();
+    mlx_tensor::eval(&q.arrays()).unwrap();
+    let want = x.matmul(&q.dequantize().unwrap().t().unwrap()).unwrap();
+    let want = want.to_vec::<f32>().unwrap();
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    (q, want, scale)
+}
+
+/// A random f32 `[50, 64]` weight and a `[1, rows, 64]` input from `seed`.
+fn fp_weight_and_input(seed: u64, rows: i32) -> (Array, Array) {
+    let key = mlx_tensor::random::key(seed).unwrap();
     let dense = mlx_tensor::random::normal(&[50, 64], Dtype::Float32, &key).unwrap();
-    let rows = ops::ROWS_MATMUL_MAX_ROWS * 2 + 6;
     let x = mlx_tensor::random::normal(&[1, rows, 64], Dtype::Float32, &key).unwrap();
     x.eval().unwrap();
+    (dense, x)
+}
+
+#[test]
+fn fp_products_of_many_rows_equal_the_dense_product_on_the_dequantized_weight() {
+    let rows = ops::ROWS_MATMUL_MAX_ROWS * 2 + 6;
+    let (dense, x) = fp_weight_and_input(11, rows);
     for mode in [QuantMode::Mxfp4, QuantMode::Mxfp8, QuantMode::Nvfp4] {
         let case = mode.name();
-        let q = runner::testing::QuantizedTensor::quantize(&dense, fp_params(mode)).unwrap();
-        mlx_tensor::eval(&q.arrays()).unwrap();
-        let want = x.matmul(&q.dequantize().unwrap().t().unwrap()).unwrap();
-        let want = want.to_vec::<f32>().unwrap();
-        let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let (q, want, scale) = fp_quantized_and_product(&dense, &x, mode);
         assert!(
             scale > 1.0,
             "{case}: outputs of order 1 expected, max {scale}"
@@ -794,12 +811,14 @@ fn fp_products_of_many_rows_equal_the_dense_product_on_the_dequantized_weight() 
 }
 
 /// Which kernel a product takes, read from its lazy graph (no timing). On
-/// the CPU a floating-point mode keeps MLX's `quantized_matmul` up to
-/// `ROWS_MATMUL_MAX_ROWS` rows (a step, a verify, a draft: their rows do
-/// not depend on each other there) and from one row more (a prefill chunk)
-/// takes the dense product: a `Matmul` node and no `QuantizedMatmul`. An
-/// affine product of as many rows never goes dense (our rows kernel on the
-/// CPU). On a GPU every floating-point product keeps MLX's kernel.
+/// the CPU a floating-point mode takes our rows kernel (`QuantRowsMatmulT`,
+/// no `QuantizedMatmul`) up to `ROWS_MATMUL_MAX_ROWS` rows (a step, a
+/// verify, a draft: its rows do not depend on each other) and from one row
+/// more (a prefill chunk) the dense product: a `Matmul` node and neither
+/// kernel. An affine product takes our rows kernel at every row count and
+/// never goes dense. With the rows kernel switched off (for measurement)
+/// the few-row products are MLX's `QuantizedMatmul` again. On a GPU every
+/// quantized product keeps MLX's kernel.
 #[test]
 fn long_floating_point_products_on_the_cpu_go_dense() {
     let key = mlx_tensor::random::key(12).unwrap();
@@ -814,19 +833,63 @@ fn long_floating_point_products_on_the_cpu_go_dense() {
     ] {
         let q = runner::testing::QuantizedTensor::quantize(&dense, params).unwrap();
         mlx_tensor::eval(&q.arrays()).unwrap();
-        for rows in [1, few, few + 1, 200] {
-            let case = format!("{} bits {}, {rows} rows", params.mode.name(), params.bits);
-            let x = mlx_tensor::random::normal(&[rows, 64], Dtype::Float32, &key).unwrap();
-            x.eval().unwrap();
-            let nodes = census(&q.matmul_t(&x).unwrap());
-            let dense_route = nodes.contains_key("Matmul");
-            let mlx_kernel = nodes.contains_key("QuantizedMatmul");
-            let fp = params.mode != QuantMode::Affine;
-            let want_dense = cpu && fp && rows > few;
-            assert_eq!(dense_route, want_dense, "{case}: {nodes:?}");
-            if fp {
-                assert_eq!(mlx_kernel, !want_dense, "{case}: {nodes:?}");
+        for rows in [1, 5, few, few + 1, 200] {
+            for rows_kernel_on in [true, false] {
+                runner::set_cpu_quant_rows(rows_kernel_on);
+                let case = format!(
+                    "{} bits {}, {rows} rows, rows kernel {rows_kernel_on}",
+                    params.mode.name(),
+                    params.bits
+                );
+                let x = mlx_tensor::random::normal(&[rows, 64], Dtype::Float32, &key).unwrap();
+                x.eval().unwrap();
+                let nodes = census(&q.matmul_t(&x).unwrap());
+                let fp = params.mode != QuantMode::Affine;
+                let want_dense = cpu && fp && rows > few;
+                let want_rows = cpu && rows_kernel_on && !want_dense;
+                assert_eq!(
+                    nodes.contains_key("Matmul"),
+                    want_dense,
+                    "{case}: {nodes:?}"
+                );
+                assert_eq!(
+                    nodes.contains_key("QuantRowsMatmulT"),
+                    want_rows,
+                    "{case}: {nodes:?}"
+                );
+                assert_eq!(
+                    nodes.contains_key("QuantizedMatmul"),
+                    !want_dense && !want_rows,
+                    "{case}: {nodes:?}"
+                );
             }
+        }
+    }
+    runner::set_cpu_quant_rows(true);
+}
+
+/// A few-row floating-point product on the CPU (our rows kernel) equals
+/// the f32 product on MLX's dequantized weight within summation order
+/// (1e-5 of the largest output), and each row of a verify-sized product is
+/// the one-row product bit for bit (on the CPU; a GPU keeps MLX's kernel).
+#[test]
+fn few_row_floating_point_products_match_the_dequantized_weight_row_by_row() {
+    let rows = 7;
+    let (dense, x) = fp_weight_and_input(13, rows);
+    for mode in [QuantMode::Mxfp4, QuantMode::Mxfp8, QuantMode::Nvfp4] {
+        let case = mode.name();
+        let (q, want, scale) = fp_quantized_and_product(&dense, &x, mode);
+        let got = q.matmul_t(&x).unwrap();
+        assert_eq!(got.shape().to_vec(), vec![1, rows, 50], "{case}");
+        let got = got.to_vec::<f32>().unwrap();
+        let d = common::max_abs_diff(&got, &want);
+        assert!(d <= 1e-5 * scale, "{case}: {d} against {scale}");
+        let cpu = mlx_tensor::default_device() == mlx_tensor::Device::Cpu;
+        for r in (0..rows).filter(|_| cpu) {
+            let one = q.matmul_t(&x.slice_axis(1, r, r + 1).unwrap()).unwrap();
+            let one = one.to_vec::<f32>().unwrap();
+            let at = r as usize * 50;
+            assert_eq!(one[..], got[at..at + 50], "{case}: row {r} alone");
         }
     }
 }
