@@ -101,6 +101,10 @@ ArrPtr rows_matmul_t(const Arr& x, const Arr& w);
 // codes with biases, or mxfp4 / mxfp8 / nvfp4 codes with uint8 scales and no biases.
 ArrPtr quant_rows_matmul_t(const Arr& x, const Arr& w, const Arr& scales, bool has_biases, const Arr& biases,
                            int32_t group_size, int32_t bits, rust::Str mode);
+// `x[b] @ w[indices[b]].T` over a quantized stack `w` `[E, n, ...]` on the CPU (cpp/rows_cpu.cc):
+// x `[B..., M, k]`, indices `[B...]`; the modes of quant_rows_matmul_t, any number of rows.
+ArrPtr quant_gather_rows_matmul_t(const Arr& x, const Arr& w, const Arr& scales, bool has_biases, const Arr& biases,
+                                  const Arr& indices, int32_t group_size, int32_t bits, rust::Str mode);
 // Lets (or stops) rows_matmul_t's blocks use AVX-512VL's 32 registers;
 // whether they now do.
 bool rows_cpu_set_wide(bool on);

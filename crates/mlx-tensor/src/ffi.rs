@@ -175,6 +175,18 @@ pub(crate) mod sys {
             bits: i32,
             mode: &str,
         ) -> Result<UniquePtr<Arr>>;
+        #[allow(clippy::too_many_arguments)]
+        fn quant_gather_rows_matmul_t(
+            x: &Arr,
+            w: &Arr,
+            scales: &Arr,
+            has_biases: bool,
+            biases: &Arr,
+            indices: &Arr,
+            group_size: i32,
+            bits: i32,
+            mode: &str,
+        ) -> Result<UniquePtr<Arr>>;
         fn rows_cpu_set_wide(on: bool) -> bool;
         fn attention_rows_cpu(
             q: &Arr,

@@ -689,6 +689,66 @@ pub fn quant_rows_matmul_t_mode(
     .map(Array::wrap)
 }
 
+/// [`gather_qmm`] with `rhs_indices` and `transpose` on the CPU, through
+/// the rows kernel of [`quant_rows_matmul_t_mode`]: `x[b] @ w[indices[b]].T`
+/// for `x` `[..., M, k]` and integer (int32 or uint32) `indices`, their
+/// leading axes broadcast together as `gather_qmm` broadcasts them into
+/// `[B...]`, giving `[B..., M, n]` for a stack `w` `[E, n, k · bits / 32]`.
+/// The modes, group sizes and dtypes are [`quant_rows_matmul_t_mode`]'s;
+/// any number of rows (each expert's rows run in chunks of
+/// [`ROWS_MATMUL_MAX_ROWS`]).
+///
+/// Our own MLX primitive (`cpp/rows_cpu.cc`): when it runs, it reads the
+/// indices, groups the rows by expert and decodes each chosen expert's
+/// weight once for all of its rows, where MLX's CPU `gather_qmm` runs each
+/// row through its expert's weight on its own. Each output row equals
+/// [`quant_rows_matmul_t_mode`] of that row on its expert's matrix bit for
+/// bit, whatever other rows share the call. Shapes, modes or dtypes the
+/// kernel does not take are errors; an index outside `0..E` (only known
+/// when the graph runs) makes its rows NaN.
+#[track_caller]
+pub fn quant_gather_rows_matmul_t(
+    x: &Array,
+    w: QuantizedStack<'_>,
+    indices: &Array,
+) -> Result<Array> {
+    let (mut x, mut indices) = (x.clone(), indices.clone());
+    if x.ndim() >= 2 {
+        let xs = x.shape();
+        let (xb, tail) = xs.split_at(xs.len() - 2);
+        let ib = indices.shape();
+        let len = xb.len().max(ib.len());
+        let dim = |s: &[i32], i: usize| (i + s.len()).checked_sub(len).map_or(1, |j| s[j]);
+        // A mismatch keeps `x`'s size: `broadcast_to` then reports it.
+        let batch: Vec<i32> = (0..len)
+            .map(|i| match (dim(xb, i), dim(&ib, i)) {
+                (a, 1) => a,
+                (1, b) => b,
+                (a, _) => a,
+            })
+            .collect();
+        if batch.as_slice() != xb {
+            let full: Vec<i32> = batch.iter().chain(tail).copied().collect();
+            x = x.broadcast_to(&full)?;
+        }
+        if batch.as_slice() != ib.as_slice() {
+            indices = indices.broadcast_to(&batch)?;
+        }
+    }
+    check(sys::quant_gather_rows_matmul_t(
+        x.raw(),
+        w.w.raw(),
+        w.scales.raw(),
+        w.biases.is_some(),
+        w.biases.unwrap_or(w.scales).raw(),
+        indices.raw(),
+        w.group_size,
+        w.bits,
+        w.mode.name(),
+    ))
+    .map(Array::wrap)
+}
+
 /// Lets [`rows_matmul_t`] use AVX-512VL where the CPU has it (the default,
 /// unless the environment sets `MTP_ROWS_CPU_AVX512=0`), or stops it; returns
 /// whether it now does. The arithmetic is the same 8-lane AVX2 arithmetic

@@ -567,6 +567,16 @@ fn cpu_rows_take(x: &Array, q: &QuantizedTensor) -> Option<i32> {
         return None;
     }
     let rows = i32::try_from(x.size() / k as usize).ok()?;
+    let fp_rows_fit = q.params.mode.fixed().is_none() || rows <= ops::ROWS_MATMUL_MAX_ROWS;
+    let takes = rows >= 1 && fp_rows_fit && q.weight.ndim() == 2 && rows_kernel_codes(x, q);
+    takes.then_some(rows)
+}
+
+/// Whether the rows kernel decodes `q` for a float `x` (any row count), and
+/// the switch of [`set_cpu_quant_rows`] is on: affine 4 or 8 bits in groups
+/// of 32, 64 or 128 with scales and biases in `x`'s dtype, or a
+/// floating-point mode at its own group size and bits with uint8 scales.
+fn rows_kernel_codes(x: &Array, q: &QuantizedTensor) -> bool {
     let (group, bits) = (q.params.group_size as i32, q.params.bits as i32);
     let codes = match q.params.mode.fixed() {
         None => {
@@ -576,16 +586,42 @@ fn cpu_rows_take(x: &Array, q: &QuantizedTensor) -> Option<i32> {
                 && q.biases.as_ref().is_some_and(|b| b.dtype() == x.dtype())
         }
         Some(fixed) => {
-            fixed == (group, bits)
-                && rows <= ops::ROWS_MATMUL_MAX_ROWS
-                && q.scales.dtype() == Dtype::Uint8
-                && q.biases.is_none()
+            fixed == (group, bits) && q.scales.dtype() == Dtype::Uint8 && q.biases.is_none()
         }
     };
-    let takes = rows >= 1
-        && codes
+    codes
         && matches!(x.dtype(), Dtype::Float32 | Dtype::Bfloat16 | Dtype::Float16)
-        && q.weight.ndim() == 2
-        && crate::switch::get(&CPU_QROWS, "MTP_CPU_QROWS", true);
-    takes.then_some(rows)
+        && crate::switch::get(&CPU_QROWS, "MTP_CPU_QROWS", true)
+}
+
+/// Whether a MoE layer's gathered product `x[b] @ q.W[experts[b]].T` (a
+/// stacked `[E, out, in]` weight) goes to
+/// [`ops::quant_gather_rows_matmul_t`] rather than MLX's `gather_qmm`: on
+/// a CPU default device, for the codes and dtypes of the rows kernel (see
+/// [`cpu_rows_take`]), any number of rows, unless `MTP_CPU_QROWS=0` or
+/// [`set_cpu_quant_rows`]`(false)` sends them back to MLX.
+///
+/// Why: MLX's CPU `gather_qmm` runs each row through its expert's weight
+/// on its own, as its `quantized_matmul` does (see [`cpu_rows_take`]); the
+/// primitive groups the rows by expert and decodes each chosen expert's
+/// weight once for all of its rows. One projection, 8 experts of 1,024 ×
+/// 512, top-2 (`cargo run --release -p mlx-tensor --example gather_rows`,
+/// 2-core AMD EPYC x86-64, f32, medians of 31 rounds, ms, `gather_qmm`
+/// against ours, 1 row / 4 rows): affine 4-bit 1.28 / 4.73 against 0.20 /
+/// 0.63, 8-bit 1.56 / 6.13 against 0.39 / 0.58, mxfp4 0.94 / 3.14 against
+/// 0.26 / 0.88 (a host loop of `quant_rows_matmul_t_mode` over the chosen
+/// experts' slices: 0.39 / 0.98, 0.51 / 1.26, 0.36 / 1.86). tiny-moe-mtp
+/// (8 experts of 64 × 256, top-2: small experts) quantized by `mtp-runner
+/// quantize --bits 4 --group-size 64`, `generate --json -n 128 -p "Once
+/// upon a time" --speculative off`, decode tokens/s: `gather_qmm` for the
+/// experts (rows kernel elsewhere) 218.1 / 268.9 / 262.1, median 262.1;
+/// this route 343.9 / 301.1 / 324.6 / 327.9 / 345.2, median 327.9;
+/// `MTP_CPU_QROWS=0` (MLX everywhere) median 131.9 of 5 (the same tokens
+/// on every route).
+pub(crate) fn cpu_gather_rows_takes(x: &Array, q: &QuantizedTensor) -> bool {
+    x.ndim() >= 2
+        && x.dim(-1) > 0
+        && q.weight.ndim() == 3
+        && mlx_tensor::default_device() == mlx_tensor::Device::Cpu
+        && rows_kernel_codes(x, q)
 }

@@ -10,6 +10,7 @@ mod eval;
 mod fast;
 mod fused_cpu;
 mod gather;
+mod gather_rows;
 mod io;
 mod kv_write;
 mod memory;

@@ -67,3 +67,14 @@ pub(crate) fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
 }
+
+/// The lazy graph of `a` as primitive name → node count.
+pub(crate) fn census(a: &mlx_tensor::Array) -> std::collections::BTreeMap<String, usize> {
+    a.pending_census()
+        .lines()
+        .map(|l| {
+            let (name, n) = l.rsplit_once(' ').expect("`Name count` lines");
+            (name.to_owned(), n.parse().expect("a count"))
+        })
+        .collect()
+}

@@ -168,8 +168,9 @@ fn quantized_logits_stay_near_the_dense_model() {
 
 /// Greedy MTP equals plain at every depth on the q4 and q8 copies (their
 /// own plain output, not the dense model's), with drafts accepted: the
-/// packed expert stacks run through `gather_qmm` in the verify and the
-/// MTP head's MoE alike.
+/// packed expert stacks run through the same kernel (on the CPU our rows
+/// kernel, elsewhere `gather_qmm`) in the verify and the MTP head's MoE
+/// alike.
 #[test]
 fn quantized_moe_speculates_losslessly_on_itself() {
     for bits in [4, 8] {
@@ -182,6 +183,51 @@ fn quantized_moe_speculates_losslessly_on_itself() {
             assert!(t.accepted > 0, "q{bits} {depth:?}: {t:?}");
         }
         eprintln!("q{bits}: {compared} tokens compared");
+    }
+}
+
+/// On the CPU the q4 copy's expert stacks go to our gathered rows kernel
+/// (`QuantGatherRowsMatmulT`), never MLX's `GatherQMM`, for a one-token
+/// step (the broadcast layout) and a three-token verify (the sorted
+/// layout); with the rows kernel switched off (for measurement) they are
+/// `GatherQMM` again. On a GPU it is `GatherQMM` either way. Both routes
+/// give f32 last-position logits within 1e-5 of their range of each other
+/// and the same next token (they differ by f32 summation order only;
+/// measured 7.7e-7 and 6.4e-7).
+#[test]
+fn quantized_experts_on_the_cpu_take_the_gathered_rows_kernel() {
+    let q = quantized(4);
+    let m = common::load(q.path());
+    let cpu = mlx_tensor::default_device() == mlx_tensor::Device::Cpu;
+    for ids in [&[17_u32][..], &[17, 301, 5]] {
+        let mut logits = Vec::new();
+        for on in [true, false] {
+            runner::set_cpu_quant_rows(on);
+            let a = Array::from_slice(ids, &[ids.len() as i32]).unwrap();
+            let h = m.model.forward(&a, &mut m.model.new_caches()).unwrap();
+            let nodes = common::census(&h);
+            let case = format!("{} tokens, rows kernel {on}: {nodes:?}", ids.len());
+            let rows = nodes.get("QuantGatherRowsMatmulT").copied().unwrap_or(0);
+            let mlx = nodes.get("GatherQMM").copied().unwrap_or(0);
+            assert_eq!(rows > 0, cpu && on, "{case}");
+            assert_eq!(mlx > 0, !(cpu && on), "{case}");
+            assert_eq!(rows + mlx, 6 * 3, "{case}: gate, up, down in 6 layers");
+            logits.push(last_logits(&m, ids));
+        }
+        runner::set_cpu_quant_rows(true);
+        let range = logits[1].iter().fold(0.0f32, |r, x| r.max(x.abs()));
+        let d = common::max_abs_diff(&logits[0], &logits[1]) / range;
+        eprintln!(
+            "{} tokens: max |d logit| / range, rows kernel against GatherQMM: {d:.2e}",
+            ids.len()
+        );
+        assert!(d < 1e-5, "{} tokens: {d}", ids.len());
+        assert_eq!(
+            argmax(&logits[0]),
+            argmax(&logits[1]),
+            "{} tokens",
+            ids.len()
+        );
     }
 }
 

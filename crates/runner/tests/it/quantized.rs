@@ -719,17 +719,6 @@ fn fp_params(mode: QuantMode) -> QuantParams {
     }
 }
 
-/// The lazy graph of `a` as primitive name → node count.
-fn census(a: &Array) -> BTreeMap<String, usize> {
-    a.pending_census()
-        .lines()
-        .map(|l| {
-            let (name, n) = l.rsplit_once(' ').expect("`Name count` lines");
-            (name.to_owned(), n.parse().expect("a count"))
-        })
-        .collect()
-}
-
 /// A floating-point-mode product of more rows than a step or a verify
 /// takes, the CPU's dense route (`W` dequantized into f32 a block of output
 /// rows at a time, MLX's f32 matmul, the blocks joined along the last
@@ -779,7 +768,7 @@ fn fp_products_of_many_rows_equal_the_dense_product_on_the_dequantized_weight() 
         );
         let blocked = q.dense_matmul_t(&x, 16).unwrap();
         assert_eq!(
-            census(&blocked).get("Matmul"),
+            common::census(&blocked).get("Matmul"),
             Some(&4),
             "{case}: one per block"
         );
@@ -843,7 +832,7 @@ fn long_floating_point_products_on_the_cpu_go_dense() {
                 );
                 let x = mlx_tensor::random::normal(&[rows, 64], Dtype::Float32, &key).unwrap();
                 x.eval().unwrap();
-                let nodes = census(&q.matmul_t(&x).unwrap());
+                let nodes = common::census(&q.matmul_t(&x).unwrap());
                 let fp = params.mode != QuantMode::Affine;
                 let want_dense = cpu && fp && rows > few;
                 let want_rows = cpu && rows_kernel_on && !want_dense;

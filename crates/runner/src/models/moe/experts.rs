@@ -1,6 +1,7 @@
 //! [`Experts`]: the routed experts of one MoE layer as stacked `[E, out, in]`
-//! weights (dense or affine-quantized), applied with MLX's `gather_mm` /
-//! `gather_qmm`, and their three checkpoint layouts.
+//! weights (dense or quantized), applied with MLX's `gather_mm` /
+//! `gather_qmm` (quantized stacks on the CPU: our rows kernel,
+//! `quant::cpu_gather_rows_takes`), and their three checkpoint layouts.
 //!
 //! | writer | tensors under `{layer}.mlp` |
 //! | --- | --- |
@@ -46,21 +47,21 @@ impl Stack {
                 ops::gather_mm(&f(x)?, &f(wt)?, None, Some(experts), sorted)?.as_type(x.dtype())?
             }
             Stack::Dense(wt) => ops::gather_mm(x, wt, None, Some(experts), sorted)?,
-            Stack::Quantized(q) => ops::gather_qmm(
-                x,
-                ops::QuantizedStack {
+            Stack::Quantized(q) => {
+                let stack = ops::QuantizedStack {
                     w: &q.weight,
                     scales: &q.scales,
                     biases: q.biases.as_ref(),
                     group_size: q.params.group_size as i32,
                     bits: q.params.bits as i32,
                     mode: q.params.mode,
-                },
-                None,
-                Some(experts),
-                true,
-                sorted,
-            )?,
+                };
+                if crate::quant::cpu_gather_rows_takes(x, q) {
+                    ops::quant_gather_rows_matmul_t(x, stack, experts)?
+                } else {
+                    ops::gather_qmm(x, stack, None, Some(experts), true, sorted)?
+                }
+            }
         })
     }
 
