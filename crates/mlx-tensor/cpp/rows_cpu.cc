@@ -61,6 +61,24 @@ constexpr int kTaskFeatures = 64;
 // another costs more than it saves).
 constexpr size_t kParallelElements = size_t(1) << 18;
 
+// The start of each primitive's `eval_cpu`: allocates `out` and hands every
+// input and `out` to the CPU encoder of `s`, which it returns.
+mx::cpu::CommandEncoder& start_eval(const mx::Stream& s, const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(s);
+  for (const auto& a : inputs) enc.set_input_array(a);
+  enc.set_output_array(out);
+  return enc;
+}
+
+// Where each row of `x` viewed as `[rows, x.shape(-1)]` starts: its leading
+// axes, any strides.
+std::vector<int64_t> row_offsets(const mx::array& x) {
+  std::vector<int64_t> rows(x.size() / x.shape(-1));
+  for (size_t r = 0; r < rows.size(); ++r) rows[r] = row_offset(x.shape(), x.strides(), static_cast<int64_t>(r));
+  return rows;
+}
+
 
 // A fixed set of worker threads that, with the caller, run the tasks
 // 0..count of one job; `run` returns when every task has finished and every
@@ -485,16 +503,10 @@ class RowsMatmulT : public CpuPrimitive {
     const mx::array& x = inputs[0];
     const mx::array& w = inputs[1];
     mx::array& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(x);
-    enc.set_input_array(w);
-    enc.set_output_array(out);
+    auto& enc = start_eval(stream(), inputs, out);
     const int k = x.shape(-1), n = w.shape(0);
     const int rows = static_cast<int>(x.size() / k);
-    // Where each row of x starts: its leading axes, any strides.
-    std::vector<int64_t> x_rows(rows);
-    for (int r = 0; r < rows; ++r) x_rows[r] = row_offset(x.shape(), x.strides(), r);
+    const std::vector<int64_t> x_rows = row_offsets(x);
     const int64_t x_col = x.strides().back();
     const std::array<int64_t, 2> wst{w.strides()[0], w.strides()[1]};
     const void* xp = x.data<void>();
@@ -817,25 +829,41 @@ void quant_rows_matmul_t(const T* xp, const std::vector<int64_t>& x_rows, int64_
   });
 }
 
-// Inputs: x, w, scales and, in affine mode only, biases.
-class QuantRowsMatmulT : public CpuPrimitive {
+// What the quantized primitives share: the codes' group size, bits and mode,
+// which make two of them equivalent when they match.
+template <typename Self>
+class QuantPrimitive : public CpuPrimitive {
  public:
-  QuantRowsMatmulT(mx::Stream s, int group, int bits, QMode mode)
+  QuantPrimitive(mx::Stream s, int group, int bits, QMode mode)
       : CpuPrimitive(s), group_(group), bits_(bits), mode_(mode) {}
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const Self*>(&other);
+    if (o == nullptr) return false;
+    const QuantPrimitive& q = *o;
+    return q.group_ == group_ && q.bits_ == bits_ && q.mode_ == mode_;
+  }
+
+ protected:
+  int group_;
+  int bits_;
+  QMode mode_;
+};
+
+// Inputs: x, w, scales and, in affine mode only, biases.
+class QuantRowsMatmulT : public QuantPrimitive<QuantRowsMatmulT> {
+ public:
+  using QuantPrimitive::QuantPrimitive;
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array& x = inputs[0];
     mx::array& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) enc.set_input_array(a);
-    enc.set_output_array(out);
+    auto& enc = start_eval(stream(), inputs, out);
     const mx::array &w = inputs[1], &sc = inputs[2];
     const bool affine = mode_ == QMode::Affine;
     const int k = x.shape(-1), n = w.shape(0);
     const int rows = static_cast<int>(x.size() / k);
-    std::vector<int64_t> x_rows(rows);
-    for (int r = 0; r < rows; ++r) x_rows[r] = row_offset(x.shape(), x.strides(), r);
+    const std::vector<int64_t> x_rows = row_offsets(x);
     const int64_t x_col = x.strides().back();
     auto strides = [](const mx::array& a) { return Strides2{a.strides()[0], a.strides()[1]}; };
     const Strides2 ws = strides(w), ss = strides(sc), bs = affine ? strides(inputs[3]) : Strides2{0, 0};
@@ -858,21 +886,11 @@ class QuantRowsMatmulT : public CpuPrimitive {
 
   const char* name() const override { return "QuantRowsMatmulT"; }
 
-  bool is_equivalent(const mx::Primitive& other) const override {
-    auto* o = dynamic_cast<const QuantRowsMatmulT*>(&other);
-    return o != nullptr && o->group_ == group_ && o->bits_ == bits_ && o->mode_ == mode_;
-  }
-
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     mx::Shape s = inputs[0].shape();
     s.back() = inputs[1].shape(0);
     return {s};
   }
-
- private:
-  int group_;
-  int bits_;
-  QMode mode_;
 };
 
 // `x[b] @ w[indices[b]].T` for a stack of quantized weights `w` `[E, n, ·]`:
@@ -888,25 +906,20 @@ class QuantRowsMatmulT : public CpuPrimitive {
 // returned, and we have not shown that an exception thrown there reaches
 // `eval` rather than ending the process. Its rows are NaN instead, which a
 // caller can see and a clamp would hide.
-class QuantGatherRowsMatmulT : public CpuPrimitive {
+class QuantGatherRowsMatmulT : public QuantPrimitive<QuantGatherRowsMatmulT> {
  public:
-  QuantGatherRowsMatmulT(mx::Stream s, int group, int bits, QMode mode)
-      : CpuPrimitive(s), group_(group), bits_(bits), mode_(mode) {}
+  using QuantPrimitive::QuantPrimitive;
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array& x = inputs[0];
     mx::array& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) enc.set_input_array(a);
-    enc.set_output_array(out);
+    auto& enc = start_eval(stream(), inputs, out);
     const mx::array &w = inputs[1], &sc = inputs[2], &idx = inputs[3];
     const bool affine = mode_ == QMode::Affine;
     const int k = x.shape(-1), m = x.shape(-2), n = w.shape(1), experts = w.shape(0);
     const int rows = static_cast<int>(x.size() / k);
     const int batches = rows / m;
-    std::vector<int64_t> x_rows(rows);
-    for (int r = 0; r < rows; ++r) x_rows[r] = row_offset(x.shape(), x.strides(), r);
+    const std::vector<int64_t> x_rows = row_offsets(x);
     const int64_t x_col = x.strides().back();
     // Batch `b`'s index: `idx` viewed as `[B..., 1]`.
     mx::Shape ishape = idx.shape();
@@ -976,21 +989,11 @@ class QuantGatherRowsMatmulT : public CpuPrimitive {
 
   const char* name() const override { return "QuantGatherRowsMatmulT"; }
 
-  bool is_equivalent(const mx::Primitive& other) const override {
-    auto* o = dynamic_cast<const QuantGatherRowsMatmulT*>(&other);
-    return o != nullptr && o->group_ == group_ && o->bits_ == bits_ && o->mode_ == mode_;
-  }
-
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     mx::Shape s = inputs[0].shape();
     s.back() = inputs[1].shape(1);
     return {s};
   }
-
- private:
-  int group_;
-  int bits_;
-  QMode mode_;
 };
 
 // ---------------------------------------------------------------------------
@@ -1319,12 +1322,7 @@ class AttentionRows : public CpuPrimitive {
     const mx::array& k = inputs[1];
     const mx::array& v = inputs[2];
     mx::array& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(q);
-    enc.set_input_array(k);
-    enc.set_input_array(v);
-    enc.set_output_array(out);
+    auto& enc = start_eval(stream(), inputs, out);
     const int hq = q.shape(1), l = q.shape(2), d = q.shape(3), hkv = k.shape(1);
     const int s = keys_ >= 0 ? keys_ : k.shape(2);
     // Recorded so a cache write encoded before this task has run can still
