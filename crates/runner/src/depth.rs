@@ -20,7 +20,8 @@
 //! pay. Every few rounds it probes a neighbour of the best depth (one deeper,
 //! then one shallower; from plain, the drafting depth the model rates best;
 //! from a drafting depth, plain once its samples are [`PLAIN_STALE_ROUNDS`]
-//! old and it is not far behind, for five timed tokens) so stale estimates
+//! old and it is not far behind, or [`PLAIN_THIN_ROUNDS`] old and only the
+//! seeding's few, for five timed tokens) so stale estimates
 //! get refreshed; a probe of a depth with fewer than three
 //! cost samples runs until it has three, so one dear round (a first use of
 //! the depth's shapes on a GPU) does not stand for the depth; the interval doubles
@@ -85,6 +86,16 @@ const PLAIN_STALE_ROUNDS: u64 = 2 * PROBE_MAX;
 /// best depth's: where drafting is far ahead (2× plain at the 8B shape), a
 /// refresh of plain would cost about 4 % of the rounds for nothing.
 const PLAIN_STALE_NEAR: f64 = 0.75;
+/// Plain cost samples below which a stale plain is measured afresh however
+/// far behind it is modelled: the seeding rounds' three samples, taken as
+/// a fresh process builds its first shapes (2.0 ms a token on an H100,
+/// tiny-mtp f32, against 1.07 at the process's median), put plain at half
+/// the best depth's throughput, out of [`PLAIN_STALE_NEAR`]'s reach, for
+/// the rest of the process. One refresh fills the window past this. Such
+/// samples are stale after [`PLAIN_THIN_ROUNDS`]: the first shapes are
+/// built by then.
+const PLAIN_THIN: usize = cost::WINDOW / 2 + 1;
+const PLAIN_THIN_ROUNDS: u64 = PROBE_MAX / 2;
 /// Rounds between probes right after the choice moved, and the cap the
 /// interval doubles up to while probes leave it alone.
 const PROBE_MIN: u64 = 8;
@@ -325,11 +336,14 @@ impl DepthController {
         (k, Reason::Probe)
     }
 
-    /// Whether plain's cost samples are [`PLAIN_STALE_ROUNDS`] old and its
-    /// modelled `throughput` within [`PLAIN_STALE_NEAR`] of depth `best`'s.
+    /// Whether plain's cost samples are [`PLAIN_STALE_ROUNDS`] old and
+    /// either fewer than [`PLAIN_THIN`] or its modelled `throughput` within
+    /// [`PLAIN_STALE_NEAR`] of depth `best`'s.
     fn plain_is_stale(&self, throughput: &[Option<f64>], best: usize) -> bool {
         let at = |k: usize| throughput.get(k).copied().flatten().unwrap_or(0.0);
-        self.rounds - self.plain_at >= PLAIN_STALE_ROUNDS && at(0) >= PLAIN_STALE_NEAR * at(best)
+        let age = self.rounds - self.plain_at;
+        let near = age >= PLAIN_STALE_ROUNDS && at(0) >= PLAIN_STALE_NEAR * at(best);
+        near || (age >= PLAIN_THIN_ROUNDS && self.cost.count(0) < PLAIN_THIN)
     }
 
     /// What a drafting round pays for leaving plain: after plain rounds,
@@ -646,6 +660,36 @@ mod tests {
         assert!(d.cost.count(0) > 3, "{picks:?}");
         // Control: a fresh plain sample resets the clock.
         assert!(d.rounds - d.plain_at < PLAIN_STALE_ROUNDS, "{picks:?}");
+    }
+
+    #[test]
+    fn thin_plain_samples_far_behind_are_measured_afresh_once() {
+        let mut d = DepthController::new(DepthPolicy::Auto { max: 2 });
+        // As above, but plain at 3 ms a token (333 tokens/s) is far behind
+        // depth 1 (833): only the seeding's three plain samples are thin.
+        let cost = [3.0e-3, 2.4e-3, 2.5e-3];
+        for k in [1, 1, 1, 1, 0, 0, 0] {
+            d.record(k, k, cost[k]);
+        }
+        let mut picks = Vec::new();
+        for _ in 0..4 * PLAIN_STALE_ROUNDS {
+            let k = d.choose(1000);
+            picks.push(k);
+            d.record(k, k.min(1), cost[k]);
+        }
+        // One six-round plain probe, within the first half of the probe cap
+        // and a probe interval, and none after it: plain is no longer thin
+        // (one-round probes of plain from depth 1 go on as before).
+        let six = cost::WINDOW / 2 + 2;
+        let starts: Vec<usize> = (0..picks.len() - six)
+            .filter(|&i| picks[i..i + six].iter().all(|&k| k == 0))
+            .collect();
+        assert_eq!(starts.len(), 1, "{picks:?}");
+        assert!(
+            starts[0] as u64 <= PLAIN_THIN_ROUNDS + PROBE_MAX,
+            "{picks:?}"
+        );
+        assert!(d.cost.count(0) >= PLAIN_THIN, "{picks:?}");
     }
 
     #[test]
