@@ -75,7 +75,15 @@ fn run() -> Result<(), String> {
     println!("cargo:rerun-if-env-changed=MLX_CACHE_DIR");
     println!("cargo:rerun-if-changed=cpp/shim.h");
     println!("cargo:rerun-if-changed=cpp/shim.cc");
-    println!("cargo:rerun-if-changed=cpp/rows_cpu.cc");
+    println!("cargo:rerun-if-changed=cpp/cpu_pool.h");
+    println!("cargo:rerun-if-changed=cpp/rows_kernels.h");
+    println!("cargo:rerun-if-changed=cpp/rows_dense.cc");
+    println!("cargo:rerun-if-changed=cpp/rows_quant.h");
+    println!("cargo:rerun-if-changed=cpp/rows_quant.cc");
+    println!("cargo:rerun-if-changed=cpp/rows_decode_affine.cc");
+    println!("cargo:rerun-if-changed=cpp/rows_decode_fp.cc");
+    println!("cargo:rerun-if-changed=cpp/rows_gather.cc");
+    println!("cargo:rerun-if-changed=cpp/attention_cpu.cc");
     println!("cargo:rerun-if-changed=cpp/fused_cpu.cc");
     println!("cargo:rerun-if-changed=cpp/cpu_primitive.h");
     println!("cargo:rerun-if-changed=cpp/kv_cpu.cc");
@@ -127,7 +135,12 @@ fn run() -> Result<(), String> {
     }
     build
         .file("cpp/shim.cc")
-        .file("cpp/rows_cpu.cc")
+        .file("cpp/rows_dense.cc")
+        .file("cpp/rows_quant.cc")
+        .file("cpp/rows_decode_affine.cc")
+        .file("cpp/rows_decode_fp.cc")
+        .file("cpp/rows_gather.cc")
+        .file("cpp/attention_cpu.cc")
         .file("cpp/fused_cpu.cc")
         .file("cpp/kv_cpu.cc")
         .include(&include)

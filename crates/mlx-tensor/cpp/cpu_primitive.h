@@ -1,7 +1,7 @@
-// What our CPU-only MLX primitives (cpp/rows_cpu.cc, cpp/fused_cpu.cc) share:
-// their base (their builders refuse a GPU default device, and `eval_gpu` says
-// so too), dtype dispatch, element widening and rounding, and row offsets
-// through strides.
+// What our CPU-only MLX primitives (cpp/rows_*.cc, cpp/attention_cpu.cc,
+// cpp/fused_cpu.cc, cpp/kv_cpu.cc) share: their base (their builders refuse
+// a GPU default device, and `eval_gpu` says so too), dtype dispatch, element
+// widening and rounding, and row offsets through strides.
 #pragma once
 
 #include <cstdint>

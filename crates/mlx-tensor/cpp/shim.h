@@ -95,20 +95,25 @@ ArrPtr quantized_matmul(const Arr& x, const Arr& w, const Arr& scales, bool has_
 // Gathered (per-expert) matmuls; an index flag `has_*` false means "no indices".
 ArrPtr gather_mm(const Arr& a, const Arr& b, bool has_lhs, const Arr& lhs, bool has_rhs, const Arr& rhs,
                  bool sorted);
-// `x @ w.T` for 1-8 rows on the CPU (cpp/rows_cpu.cc).
+// `x @ w.T` for 1-32 rows on the CPU (cpp/rows_dense.cc).
 ArrPtr rows_matmul_t(const Arr& x, const Arr& w);
-// `x @ w.T` for 1-32 rows and a quantized w on the CPU (cpp/rows_cpu.cc): 4- or 8-bit affine
+// `x @ w.T` for 1-32 rows and a quantized w on the CPU (cpp/rows_quant.cc): 4- or 8-bit affine
 // codes with biases, or mxfp4 / mxfp8 / nvfp4 codes with uint8 scales and no biases.
 ArrPtr quant_rows_matmul_t(const Arr& x, const Arr& w, const Arr& scales, bool has_biases, const Arr& biases,
                            int32_t group_size, int32_t bits, rust::Str mode);
-// `x[b] @ w[indices[b]].T` over a quantized stack `w` `[E, n, ...]` on the CPU (cpp/rows_cpu.cc):
+// `x[b] @ w[indices[b]].T` over a quantized stack `w` `[E, n, ...]` on the CPU (cpp/rows_gather.cc):
 // x `[B..., M, k]`, indices `[B...]`; the modes of quant_rows_matmul_t, any number of rows.
 ArrPtr quant_gather_rows_matmul_t(const Arr& x, const Arr& w, const Arr& scales, bool has_biases, const Arr& biases,
                                   const Arr& indices, int32_t group_size, int32_t bits, rust::Str mode);
 // Lets (or stops) rows_matmul_t's blocks use AVX-512VL's 32 registers;
 // whether they now do.
 bool rows_cpu_set_wide(bool on);
-// `keys`: the rows of k and v attended over, negative for all of them.
+// Adds (`on`) or drops a hold on this thread: the quantized rows primitives it
+// builds meanwhile decode on the portable path even where AVX2 is there (for
+// tests); whether they now would.
+bool rows_cpu_hold_portable(bool on);
+// Attention for query rows on the CPU (cpp/attention_cpu.cc); `keys`: the rows of k and v
+// attended over, negative for all of them.
 ArrPtr attention_rows_cpu(const Arr& q, const Arr& k, const Arr& v, float scale, bool merged, int32_t keys);
 // A KV cache write on the CPU, in place where it can be (cpp/kv_cpu.cc).
 ArrPtr kv_write_cpu(const Arr& buffer, const Arr& update, int32_t slot);

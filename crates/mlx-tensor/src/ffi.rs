@@ -188,6 +188,7 @@ pub(crate) mod sys {
             mode: &str,
         ) -> Result<UniquePtr<Arr>>;
         fn rows_cpu_set_wide(on: bool) -> bool;
+        fn rows_cpu_hold_portable(on: bool) -> bool;
         fn attention_rows_cpu(
             q: &Arr,
             k: &Arr,

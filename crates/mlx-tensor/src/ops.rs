@@ -8,6 +8,7 @@ use crate::array::List;
 use crate::error::check;
 use crate::ffi::sys::{self, BinaryOp, ReduceOp, UnaryOp};
 use crate::{Array, Dtype, Result};
+use std::marker::PhantomData;
 
 macro_rules! unary_ops {
     ($($(#[$doc:meta])* $name:ident = $op:ident;)*) => {
@@ -609,7 +610,7 @@ pub const ROWS_MATMUL_MAX_ROWS: i32 = 32;
 /// on the CPU (the default device must be the CPU). Taking the leading axes
 /// as they are spares a model's `[1, L, k]` activations two reshape nodes.
 ///
-/// Our own MLX primitive (`cpp/rows_cpu.cc`): it streams each weight row once
+/// Our own MLX primitive (`cpp/rows_dense.cc`): it streams each weight row once
 /// and multiplies it into every input row, on all cores, where BLAS would
 /// pack the whole weight for a GEMM of two or more rows. f32, bf16 or f16
 /// operands of one dtype; accumulation is in f32 and the output has the
@@ -627,7 +628,7 @@ pub fn rows_matmul_t(x: &Array, w: &Array) -> Result<Array> {
 /// 4 or 8 bits, groups of 32, 64 or 128; 1 to [`ROWS_MATMUL_MAX_ROWS`] rows,
 /// on the CPU. [`quant_rows_matmul_t_mode`] takes the floating-point modes.
 ///
-/// Our own MLX primitive (`cpp/rows_cpu.cc`): it dequantizes each block of
+/// Our own MLX primitive (`cpp/rows_quant.cc`): it dequantizes each block of
 /// weight rows once into f32 and multiplies it into every input row, where
 /// MLX's CPU `quantized_matmul` runs each row through the whole weight on
 /// its own (a speculative verify of `k + 1` rows then costs `k + 1` steps).
@@ -698,7 +699,7 @@ pub fn quant_rows_matmul_t_mode(
 /// any number of rows (each expert's rows run in chunks of
 /// [`ROWS_MATMUL_MAX_ROWS`]).
 ///
-/// Our own MLX primitive (`cpp/rows_cpu.cc`): when it runs, it reads the
+/// Our own MLX primitive (`cpp/rows_gather.cc`): when it runs, it reads the
 /// indices, groups the rows by expert and decodes each chosen expert's
 /// weight once for all of its rows, where MLX's CPU `gather_qmm` runs each
 /// row through its expert's weight on its own. Each output row equals
@@ -760,6 +761,32 @@ pub fn set_rows_cpu_avx512(on: bool) -> bool {
     sys::rows_cpu_set_wide(on)
 }
 
+/// Makes the [`quant_rows_matmul_t_mode`] and [`quant_gather_rows_matmul_t`]
+/// products that this thread builds decode their weights on the portable
+/// path, even where the CPU has AVX2, for as long as the returned guard lives
+/// (the environment's `MTP_CPU_QROWS_PORTABLE=1` does it for a whole
+/// process): for tests, so an AVX2 host checks the portable decoders too. The
+/// choice is made when a product is built, so other threads (tests running at
+/// once) keep the decoder their host takes. Both paths decode to MLX's
+/// `dequantize` bit for bit, in every mode.
+pub fn hold_portable_decode() -> PortableDecode {
+    sys::rows_cpu_hold_portable(true);
+    PortableDecode(PhantomData)
+}
+
+/// The guard [`hold_portable_decode`] returns: this thread's quantized rows
+/// products decode portably until it is dropped. Not `Send`: the hold
+/// belongs to the thread that made it.
+#[must_use = "the portable decode ends when the guard is dropped"]
+#[derive(Debug)]
+pub struct PortableDecode(PhantomData<*const ()>);
+
+impl Drop for PortableDecode {
+    fn drop(&mut self) {
+        sys::rows_cpu_hold_portable(false);
+    }
+}
+
 /// The widest head [`attention_rows_cpu`] takes.
 pub const ATTENTION_ROWS_MAX_DIM: i32 = 256;
 
@@ -769,7 +796,7 @@ pub const ATTENTION_ROWS_MAX_DIM: i32 = 256;
 /// query `i` sees keys `0..=S-L+i` (all of them for one row). On the CPU
 /// (the default device must be the CPU); output `[1, Hq, L, D]` in q's dtype.
 ///
-/// Our own MLX primitive (`cpp/rows_cpu.cc`): it reads each key and value
+/// Our own MLX primitive (`cpp/attention_cpu.cc`): it reads each key and value
 /// row in place (a strided slice of a cache buffer is fine), on AVX2 once
 /// for all the query rows and heads of a KV head (a verify's rows would
 /// otherwise read the cache once each), where MLX's CPU attention runs BLAS GEMMs that copy and pack the

@@ -2,7 +2,8 @@
 //! reference and against itself: the dtypes, strided operands, shapes small
 //! enough for one thread and large enough for all, and the errors; likewise
 //! `ops::quant_rows_matmul_t` (affine) and `ops::quant_rows_matmul_t_mode`
-//! (the floating-point modes) against MLX's dequantized weights.
+//! (the floating-point modes) against MLX's dequantized weights, on the
+//! decoder the host takes and on the portable one (`ops::hold_portable_decode`).
 
 use crate::common;
 
@@ -204,6 +205,20 @@ fn rows_matmul_refuses_what_it_cannot_compute() {
 /// plain step's product).
 #[test]
 fn quantized_rows_match_the_dequantized_weight_and_themselves() {
+    check_affine_rows();
+}
+
+/// The same on the portable affine decoder, forced on this host (where the
+/// kernel would take the AVX2 one).
+#[test]
+fn portable_quantized_rows_match_the_dequantized_weight_and_themselves() {
+    let _portable = ops::hold_portable_decode();
+    check_affine_rows();
+}
+
+/// [`quantized_rows_match_the_dequantized_weight_and_themselves`], on
+/// whichever decoder the kernel takes now.
+fn check_affine_rows() {
     for (dtype, rel) in [(Dtype::Float32, 2e-6_f32), (Dtype::Bfloat16, 1.2e-2)] {
         for (n, k) in [(40, 128), (1100, 256)] {
             let dense = arr(&host_noise(4, n * k), &[n as i32, k as i32])
@@ -336,79 +351,139 @@ fn fp_mode_rows_are_the_same_alone_and_among_others() {
 /// makes its output row NaN.
 #[test]
 fn fp_mode_decoding_is_mlxs_dequantize_bit_for_bit() {
-    let (n, k) = (24, 256);
     for mode in FP_MODES {
-        let (group, bits) = fixed(mode);
-        let per_word = (32 / bits) as usize;
-        // Codes cycling through every value, offset per row; the NaN codes
-        // of e4m3 (0x7f, 0xff) replaced by zero.
-        let code = |j: usize, c: usize| -> u32 {
-            let v = ((j * 7 + c) % (1 << bits)) as u32;
-            if bits == 8 && (v & 0x7f) == 0x7f {
-                0
-            } else {
-                v
+        check_fp_decoding(mode);
+    }
+}
+
+/// The portable decoder (forced on this host, where the kernel would take
+/// the AVX2 one) holds to the same checks: MLX's `dequantize` bit for bit.
+#[test]
+fn fp_mode_portable_decoding_is_mlxs_dequantize_bit_for_bit() {
+    let _portable = ops::hold_portable_decode();
+    for mode in FP_MODES {
+        check_fp_decoding(mode);
+    }
+}
+
+/// [`fp_mode_decoding_is_mlxs_dequantize_bit_for_bit`] for one mode, on
+/// whichever decoder the kernel takes now.
+fn check_fp_decoding(mode: QuantMode) {
+    let (n, k) = (24, 256);
+    let (group, bits) = fixed(mode);
+    let per_word = (32 / bits) as usize;
+    // Codes cycling through every value, offset per row; the NaN codes
+    // of e4m3 (0x7f, 0xff) replaced by zero.
+    let code = |j: usize, c: usize| -> u32 {
+        let v = ((j * 7 + c) % (1 << bits)) as u32;
+        if bits == 8 && (v & 0x7f) == 0x7f {
+            0
+        } else {
+            v
+        }
+    };
+    let words: Vec<u32> = (0..n * k / per_word)
+        .map(|i| {
+            let (j, c0) = (i / (k / per_word), i % (k / per_word) * per_word);
+            (0..per_word).fold(0, |acc, p| acc | code(j, c0 + p) << (p as i32 * bits))
+        })
+        .collect();
+    let groups = k / group as usize;
+    // e8m0 scales 0 and 100..150 (2^-127 and 2^-27..2^23); e4m3 scales
+    // 0..126 (every number, subnormals included).
+    let scale = |i: usize| -> u8 {
+        match mode {
+            QuantMode::Nvfp4 => (i * 5 % 127) as u8,
+            _ if i.is_multiple_of(17) => 0,
+            _ => 100 + (i * 3 % 51) as u8,
+        }
+    };
+    let scales: Vec<u8> = (0..n * groups).map(scale).collect();
+    let w = Array::from_slice(&words, &[n as i32, (k / per_word) as i32]).unwrap();
+    let s = Array::from_slice(&scales, &[n as i32, groups as i32]).unwrap();
+    let deq = ops::dequantize_mode(&w, &s, None, group, bits, mode, Dtype::Float32).unwrap();
+    let want = values(&deq);
+    assert!(
+        want.iter().all(|v| v.is_finite()),
+        "{mode:?}: the weights are numbers"
+    );
+    let one_hot: Vec<f32> = (0..k * k).map(|i| f32::from(i / k == i % k)).collect();
+    for c0 in (0..k).step_by(32) {
+        let x = arr(&one_hot[c0 * k..(c0 + 32) * k], &[32, k as i32]);
+        let got =
+            values(&ops::quant_rows_matmul_t_mode(&x, &w, &s, None, group, bits, mode).unwrap());
+        for r in 0..32 {
+            for j in 0..n {
+                let (g, e) = (got[r * n + j], want[j * k + c0 + r]);
+                // A one-hot row's sum turns a -0 weight into +0.
+                assert!(
+                    g.to_bits() == e.to_bits() || (g == 0.0 && e == 0.0),
+                    "{mode:?}: w[{j}, {}] {g} against {e}",
+                    c0 + r
+                );
             }
-        };
-        let words: Vec<u32> = (0..n * k / per_word)
-            .map(|i| {
-                let (j, c0) = (i / (k / per_word), i % (k / per_word) * per_word);
-                (0..per_word).fold(0, |acc, p| acc | code(j, c0 + p) << (p as i32 * bits))
-            })
-            .collect();
-        let groups = k / group as usize;
-        // e8m0 scales 0 and 100..150 (2^-127 and 2^-27..2^23); e4m3 scales
-        // 0..126 (every number, subnormals included).
-        let scale = |i: usize| -> u8 {
-            match mode {
-                QuantMode::Nvfp4 => (i * 5 % 127) as u8,
-                _ if i.is_multiple_of(17) => 0,
-                _ => 100 + (i * 3 % 51) as u8,
-            }
-        };
-        let scales: Vec<u8> = (0..n * groups).map(scale).collect();
-        let w = Array::from_slice(&words, &[n as i32, (k / per_word) as i32]).unwrap();
-        let s = Array::from_slice(&scales, &[n as i32, groups as i32]).unwrap();
-        let deq = ops::dequantize_mode(&w, &s, None, group, bits, mode, Dtype::Float32).unwrap();
-        let want = values(&deq);
-        assert!(
-            want.iter().all(|v| v.is_finite()),
-            "{mode:?}: the weights are numbers"
-        );
-        let one_hot: Vec<f32> = (0..k * k).map(|i| f32::from(i / k == i % k)).collect();
-        for c0 in (0..k).step_by(32) {
-            let x = arr(&one_hot[c0 * k..(c0 + 32) * k], &[32, k as i32]);
-            let got = values(
-                &ops::quant_rows_matmul_t_mode(&x, &w, &s, None, group, bits, mode).unwrap(),
-            );
-            for r in 0..32 {
-                for j in 0..n {
-                    let (g, e) = (got[r * n + j], want[j * k + c0 + r]);
-                    // A one-hot row's sum turns a -0 weight into +0.
-                    assert!(
-                        g.to_bits() == e.to_bits() || (g == 0.0 && e == 0.0),
-                        "{mode:?}: w[{j}, {}] {g} against {e}",
-                        c0 + r
-                    );
+        }
+    }
+    // A NaN code (e4m3) or an e8m0 scale of 255 makes its row NaN.
+    let mut bad_scales = scales.clone();
+    bad_scales[0] = if mode == QuantMode::Nvfp4 { 0x7f } else { 255 };
+    let s = Array::from_slice(&bad_scales, &[n as i32, groups as i32]).unwrap();
+    let x = arr(&host_noise(21, k), &[1, k as i32]);
+    let got = values(&ops::quant_rows_matmul_t_mode(&x, &w, &s, None, group, bits, mode).unwrap());
+    assert!(
+        got[0].is_nan(),
+        "{mode:?}: a non-finite scale gives {}",
+        got[0]
+    );
+    assert!(
+        got[1..].iter().all(|v| v.is_finite()),
+        "{mode:?}: other rows stay numbers"
+    );
+}
+
+/// The affine decoders are MLX's f32 `dequantize` bit for bit, 4 and 8
+/// bits, groups of 32, 64 and 128: one-hot rows read the weights back.
+/// (`scale · code + bias` rounds twice, as MLX's does; GCC would fuse it
+/// into one FMA in the AVX2 build without `cpp/rows_decode_affine.cc`'s
+/// `fp-contract=off`.)
+#[test]
+fn affine_decoding_is_mlxs_dequantize_bit_for_bit() {
+    check_affine_decoding();
+}
+
+/// The same on the portable decoder, forced on this host.
+#[test]
+fn portable_affine_decoding_is_mlxs_dequantize_bit_for_bit() {
+    let _portable = ops::hold_portable_decode();
+    check_affine_decoding();
+}
+
+/// [`affine_decoding_is_mlxs_dequantize_bit_for_bit`] on whichever decoder
+/// the kernel takes now.
+fn check_affine_decoding() {
+    let (n, k) = (24, 256);
+    let one_hot: Vec<f32> = (0..k * k).map(|i| f32::from(i / k == i % k)).collect();
+    let dense = arr(&host_noise(30, n * k), &[n as i32, k as i32]);
+    for bits in [4, 8] {
+        for group in [32, 64, 128] {
+            let (w, s, b) = dense.quantize(group, bits).unwrap();
+            let want = values(&ops::dequantize(&w, &s, &b, group, bits).unwrap());
+            for c0 in (0..k).step_by(32) {
+                let x = arr(&one_hot[c0 * k..(c0 + 32) * k], &[32, k as i32]);
+                let got = values(&ops::quant_rows_matmul_t(&x, &w, &s, &b, group, bits).unwrap());
+                for r in 0..32 {
+                    for j in 0..n {
+                        let (g, e) = (got[r * n + j], want[j * k + c0 + r]);
+                        // A one-hot row's sum turns a -0 weight into +0.
+                        assert!(
+                            g.to_bits() == e.to_bits() || (g == 0.0 && e == 0.0),
+                            "{bits}-bit group {group}: w[{j}, {}] {g} against {e}",
+                            c0 + r
+                        );
+                    }
                 }
             }
         }
-        // A NaN code (e4m3) or an e8m0 scale of 255 makes its row NaN.
-        let mut bad_scales = scales.clone();
-        bad_scales[0] = if mode == QuantMode::Nvfp4 { 0x7f } else { 255 };
-        let s = Array::from_slice(&bad_scales, &[n as i32, groups as i32]).unwrap();
-        let x = arr(&host_noise(21, k), &[1, k as i32]);
-        let got =
-            values(&ops::quant_rows_matmul_t_mode(&x, &w, &s, None, group, bits, mode).unwrap());
-        assert!(
-            got[0].is_nan(),
-            "{mode:?}: a non-finite scale gives {}",
-            got[0]
-        );
-        assert!(
-            got[1..].iter().all(|v| v.is_finite()),
-            "{mode:?}: other rows stay numbers"
-        );
     }
 }
 
