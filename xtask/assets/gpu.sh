@@ -119,14 +119,15 @@ spec_scale() {
 
 # One call that checks and measures: setup, gpu-check, then the spec-scale matrix in what is left of
 # MTP_SCALE_BUDGET_S (by default bf16 only with mlx-lm plain, and spec-scale's default depths 1-6 and auto:
-# the must-show figures; session 32's H100 ran it in 475 s). Exit status:
-# gpu-check's when it failed, else the matrix's.
+# the must-show figures; session 32's H100 ran it in 475 s). The shapes run largest first: on a slow
+# host (session 40: gpu-check 300 s) the time runs out on tiny rather than on the 8b headline. Exit
+# status: gpu-check's when it failed, else the matrix's.
 check_scale() {
   local t0=$SECONDS check_rc=0 scale_rc=0
   setup
   nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
   check 2>&1 | tee "$OUT/gpu-check.log" || check_rc=${PIPESTATUS[0]}
-  MTP_SCALE_ARGS=${MTP_SCALE_ARGS:---dtypes bf16 --mlx-lm-plain} \
+  MTP_SCALE_ARGS=${MTP_SCALE_ARGS:---shapes 8b,1.7b,tiny --dtypes bf16 --mlx-lm-plain} \
     scale_matrix $((${MTP_SCALE_BUDGET_S:-560} - (SECONDS - t0))) || scale_rc=$?
   if [ "$check_rc" -ne 0 ]; then return "$check_rc"; fi
   return "$scale_rc"
