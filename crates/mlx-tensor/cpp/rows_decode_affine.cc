@@ -54,15 +54,9 @@ inline __attribute__((always_inline)) void dequant_rows_path(const uint32_t* w, 
                                                              Strides2 ss, const T* biases, Strides2 bs, int j0, int j1,
                                                              int k, float* out) {
   const int words = k * BITS / 32;
-  std::vector<uint32_t> packed;
+  std::vector<uint32_t> scratch;
   for (int j = j0; j < j1; ++j) {
-    const uint32_t* wj = w + j * ws[0];
-    if (ws[1] != 1) {
-      packed.resize(words);
-      for (int i = 0; i < words; ++i) packed[i] = wj[i * ws[1]];
-      wj = packed.data();
-    }
-    dequant_row<BITS, GROUP>(reinterpret_cast<const uint8_t*>(wj), scales + j * ss[0], ss[1], biases + j * bs[0],
+    dequant_row<BITS, GROUP>(row_bytes(w, ws, j, words, scratch), scales + j * ss[0], ss[1], biases + j * bs[0],
                              bs[1], k, out + static_cast<size_t>(j - j0) * k);
   }
 }

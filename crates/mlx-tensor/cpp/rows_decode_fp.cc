@@ -74,15 +74,9 @@ inline __attribute__((always_inline)) void dequant_rows_fp_path(const uint32_t* 
   constexpr int kBits = MODE == QMode::Mxfp8 ? 8 : 4;
   const int words = k * kBits / 32;
   const float* e4m3 = e4m3_table();
-  std::vector<uint32_t> packed;
+  std::vector<uint32_t> scratch;
   for (int j = j0; j < j1; ++j) {
-    const uint32_t* wj = w + j * ws[0];
-    if (ws[1] != 1) {
-      packed.resize(words);
-      for (int i = 0; i < words; ++i) packed[i] = wj[i * ws[1]];
-      wj = packed.data();
-    }
-    dequant_row_fp<MODE, GROUP>(reinterpret_cast<const uint8_t*>(wj), scales + j * ss[0], ss[1], k, e4m3,
+    dequant_row_fp<MODE, GROUP>(row_bytes(w, ws, j, words, scratch), scales + j * ss[0], ss[1], k, e4m3,
                                 out + static_cast<size_t>(j - j0) * k);
   }
 }
@@ -141,15 +135,9 @@ __attribute__((target("avx2,fma,f16c"))) void dequant_rows_fp_avx2(const uint32_
   constexpr int kBits = MODE == QMode::Mxfp8 ? 8 : 4;
   const int words = k * kBits / 32;
   const float* e4m3 = e4m3_table();
-  std::vector<uint32_t> packed;
+  std::vector<uint32_t> scratch;
   for (int j = j0; j < j1; ++j) {
-    const uint32_t* wj = w + j * ws[0];
-    if (ws[1] != 1) {
-      packed.resize(words);
-      for (int i = 0; i < words; ++i) packed[i] = wj[i * ws[1]];
-      wj = packed.data();
-    }
-    dequant_row_fp_avx2<MODE, GROUP>(reinterpret_cast<const uint8_t*>(wj), scales + j * ss[0], ss[1], k, e4m3,
+    dequant_row_fp_avx2<MODE, GROUP>(row_bytes(w, ws, j, words, scratch), scales + j * ss[0], ss[1], k, e4m3,
                                      out + static_cast<size_t>(j - j0) * k);
   }
 }

@@ -43,6 +43,19 @@ enum class QMode { Affine, Mxfp4, Mxfp8, Nvfp4 };
 // Element strides of a 2-D operand.
 using Strides2 = std::array<int64_t, 2>;
 
+// Packed weight row `j`'s `words` 32-bit words as contiguous bytes, for the
+// decoders: in place where the words are contiguous, else copied into
+// `scratch` (which the next call may overwrite).
+inline const uint8_t* row_bytes(const uint32_t* w, Strides2 ws, int j, int words, std::vector<uint32_t>& scratch) {
+  const uint32_t* wj = w + j * ws[0];
+  if (ws[1] != 1) {
+    scratch.resize(words);
+    for (int i = 0; i < words; ++i) scratch[i] = wj[i * ws[1]];
+    wj = scratch.data();
+  }
+  return reinterpret_cast<const uint8_t*>(wj);
+}
+
 // Holds on the portable decode made on this thread (tests, through
 // `rows_cpu_hold_portable`). Per thread and read when a primitive is built
 // (its task runs later, on MLX's stream thread): tests running at once on

@@ -632,22 +632,29 @@ mod tests {
         assert!(next > 1, "extrapolation should go deeper, chose {next}");
     }
 
-    #[test]
-    fn stale_plain_samples_are_measured_afresh_from_a_drafting_depth() {
-        let mut d = DepthController::new(DepthPolicy::Auto { max: 2 });
-        // Every drafted round commits two tokens (the first draft is always
-        // accepted, the second never): depth 1 at 2.4 ms a round is best
-        // (833 tokens/s), plain at 1.5 ms a token (667) within reach.
-        let cost = [1.5e-3, 2.4e-3, 2.5e-3];
+    /// An auto controller (max depth 2) seeded and then run for `rounds`
+    /// rounds at the fixed per-depth `cost`, every drafted round committing
+    /// two tokens (the first draft always accepted, the second never); its
+    /// choices.
+    fn picks_at(d: &mut DepthController, cost: [f64; 3], rounds: u64) -> Vec<usize> {
         for k in [1, 1, 1, 1, 0, 0, 0] {
             d.record(k, k, cost[k]);
         }
-        let mut picks = Vec::new();
-        for _ in 0..3 * PLAIN_STALE_ROUNDS {
-            let k = d.choose(1000);
-            picks.push(k);
-            d.record(k, k.min(1), cost[k]);
-        }
+        (0..rounds)
+            .map(|_| {
+                let k = d.choose(1000);
+                d.record(k, k.min(1), cost[k]);
+                k
+            })
+            .collect()
+    }
+
+    #[test]
+    fn stale_plain_samples_are_measured_afresh_from_a_drafting_depth() {
+        let mut d = DepthController::new(DepthPolicy::Auto { max: 2 });
+        // Depth 1 at 2.4 ms a round is best (833 tokens/s), plain at 1.5 ms
+        // a token (667) within reach.
+        let picks = picks_at(&mut d, [1.5e-3, 2.4e-3, 2.5e-3], 3 * PLAIN_STALE_ROUNDS);
         let runs: Vec<usize> = picks
             .split(|&k| k != 0)
             .map(<[usize]>::len)
@@ -667,16 +674,7 @@ mod tests {
         let mut d = DepthController::new(DepthPolicy::Auto { max: 2 });
         // As above, but plain at 3 ms a token (333 tokens/s) is far behind
         // depth 1 (833): only the seeding's three plain samples are thin.
-        let cost = [3.0e-3, 2.4e-3, 2.5e-3];
-        for k in [1, 1, 1, 1, 0, 0, 0] {
-            d.record(k, k, cost[k]);
-        }
-        let mut picks = Vec::new();
-        for _ in 0..4 * PLAIN_STALE_ROUNDS {
-            let k = d.choose(1000);
-            picks.push(k);
-            d.record(k, k.min(1), cost[k]);
-        }
+        let picks = picks_at(&mut d, [3.0e-3, 2.4e-3, 2.5e-3], 4 * PLAIN_STALE_ROUNDS);
         // One six-round plain probe, within the first half of the probe cap
         // and a probe interval, and none after it: plain is no longer thin
         // (one-round probes of plain from depth 1 go on as before).
